@@ -1,0 +1,142 @@
+"""A case: the static parameters and input tensors of one operator call.
+
+Strategies draw cases, the runner feeds them to an implementation and to the
+oracle, and a failing case is saved so that `tkverify replay PATH` can run it
+again anywhere.  On disk a case is two files side by side:
+
+* ``NAME.npz``  - every tensor as its raw bytes (so bf16 and fp8 survive numpy),
+* ``NAME.json`` - op, implementation, parameters, each tensor's dtype and shape,
+  and the library versions that produced it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT_VERSION = 1
+
+# Raw-byte carriers for every dtype a case may hold: numpy has no bf16 or fp8,
+# so tensors travel as unsigned integers of the same width.
+_CARRIER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class CaseFileError(ValueError):
+    """A case file that is missing, truncated, or not one of ours."""
+
+
+@dataclasses.dataclass
+class Case:
+    """Static parameters (JSON values) and input tensors (CPU torch tensors)."""
+
+    params: dict[str, Any]
+    inputs: dict[str, torch.Tensor]
+
+    def describe(self) -> str:
+        shapes = ", ".join(
+            f"{k}={tuple(v.shape)}:{str(v.dtype).replace('torch.', '')}"
+            for k, v in self.inputs.items()
+        )
+        return f"params={self.params} inputs[{shapes}]"
+
+    def to(self, device: str | torch.device) -> dict[str, torch.Tensor]:
+        return {k: v.to(device) for k, v in self.inputs.items()}
+
+
+def versions() -> dict[str, str]:
+    """The versions that matter for replaying a case or reading a report."""
+    out = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+    }
+    try:  # installed-package metadata only: importing tilelang is never needed
+        from importlib.metadata import PackageNotFoundError, version
+
+        for dist in ("tkverify", "tilelang", "tile-kernels", "hypothesis"):
+            try:
+                out[dist] = version(dist)
+            except PackageNotFoundError:
+                pass
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CaseFileError(f"unknown tensor dtype {name!r} in case file")
+    return dtype
+
+
+def save_case(path: str | Path, case: Case, *, op: str, impl: str, extra: dict | None = None) -> Path:
+    """Write ``path``.npz and ``path``.json; returns the .json path (the one to replay)."""
+    base = Path(path).with_suffix("")
+    base.parent.mkdir(parents=True, exist_ok=True)
+    arrays, tensors = {}, {}
+    for name, t in case.inputs.items():
+        t = t.detach().cpu().contiguous()
+        arrays[name] = t.view(_CARRIER[t.element_size()]).numpy() if t.numel() else np.zeros(0, np.uint8)
+        tensors[name] = {"dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
+    np.savez(base.with_suffix(".npz"), **arrays)
+    meta = {
+        "tkverify_case": FORMAT_VERSION,
+        "op": op,
+        "impl": impl,
+        "params": case.params,
+        "tensors": tensors,
+        "versions": versions(),
+        **(extra or {}),
+    }
+    json_path = base.with_suffix(".json")
+    json_path.write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return json_path
+
+
+def load_case(path: str | Path) -> tuple[Case, dict[str, Any]]:
+    """Read a case written by `save_case`; raises `CaseFileError` with the reason."""
+    base = Path(path).with_suffix("")
+    json_path, npz_path = base.with_suffix(".json"), base.with_suffix(".npz")
+    for p in (json_path, npz_path):
+        if not p.is_file():
+            raise CaseFileError(f"case file {p} does not exist")
+    try:
+        meta = json.loads(json_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CaseFileError(f"{json_path} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict) or meta.get("tkverify_case") != FORMAT_VERSION:
+        raise CaseFileError(f"{json_path} is not a tkverify case file (format {FORMAT_VERSION})")
+    for key in ("op", "impl", "params", "tensors"):
+        if key not in meta:
+            raise CaseFileError(f"{json_path} lacks the field {key!r}")
+    try:
+        with np.load(npz_path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except Exception as e:  # zipfile, OSError, ValueError: all mean a damaged file
+        raise CaseFileError(f"{npz_path} cannot be read ({type(e).__name__}: {e})") from None
+    inputs = {}
+    for name, info in meta["tensors"].items():
+        if name not in arrays:
+            raise CaseFileError(f"{npz_path} lacks the tensor {name!r}")
+        dtype = _dtype_from_name(info["dtype"])
+        shape = tuple(info["shape"])
+        raw = torch.from_numpy(np.ascontiguousarray(arrays[name]))
+        n = int(np.prod(shape)) if shape else 1
+        if n == 0:
+            inputs[name] = torch.empty(shape, dtype=dtype)
+            continue
+        if raw.numel() != n or raw.element_size() != torch.empty((), dtype=dtype).element_size():
+            raise CaseFileError(f"{npz_path}: tensor {name!r} holds {raw.numel()} elements, the header says {shape}")
+        inputs[name] = raw.view(dtype).reshape(shape).clone()
+    return Case(params=meta["params"], inputs=inputs), meta

@@ -1,0 +1,152 @@
+"""The op registry: one declaration per operator, read by tests, reports and the CLI.
+
+An `OpSpec` joins an operator's oracle, the strategy that draws its cases, the
+implementations that can run it and the policy that judges each output.
+Implementations are named by import path ("package.module:function") and
+imported only when used, so declaring a TileLang implementation never imports
+tilelang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+
+# Implementations every built-in op may have, in the order `--tk-impl all` runs them.
+BUILTIN_IMPLS = ("torch", "tilelang", "tile_kernels")
+
+
+@dataclasses.dataclass
+class Impl:
+    """One implementation of an op: a callable taking ``**inputs, **params``.
+
+    ``device`` is where its inputs go: "cuda", "cpu", or "auto" (CUDA when
+    present, else CPU).  ``requires`` lists importable modules it needs; an
+    implementation whose requirements are missing is reported as unavailable
+    with the reason, never silently dropped.
+    """
+
+    name: str
+    target: str | Callable[..., Any]
+    device: str = "cuda"
+    requires: tuple[str, ...] = ()
+
+    def unavailable_reason(self) -> str | None:
+        if self.device == "cuda" and not torch.cuda.is_available():
+            return f"implementation {self.name!r} needs CUDA, which this machine lacks"
+        for module in self.requires:
+            if importlib.util.find_spec(module) is None:
+                return f"implementation {self.name!r} needs the module {module!r}, which is not installed"
+        return None
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def function(self) -> Callable[..., Any]:
+        if callable(self.target):
+            return self.target
+        module, _, attr = self.target.partition(":")
+        fn = importlib.import_module(module)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+        return fn
+
+
+def torch_impl(target: str | Callable[..., Any]) -> Impl:
+    """The eager PyTorch implementation: runs on CUDA when there is one, else on CPU."""
+    return Impl("torch", target, device="auto")
+
+
+def tilelang_impl(target: str | Callable[..., Any]) -> Impl:
+    return Impl("tilelang", target, device="cuda", requires=("tilelang",))
+
+
+@dataclasses.dataclass
+class OpSpec:
+    """Everything tkverify knows about one operator.
+
+    name      "family.op", e.g. "moe.topk_gate"; the family names the modules
+              in kernels/, references/ and strategies/.
+    oracle    float64 reference: ``oracle(**inputs, **params)`` returns the
+              outputs (a tuple in the order of ``outputs``, or one array).
+    strategy  zero-argument callable returning a hypothesis strategy of `Case`.
+    outputs   output name -> policy, in the order implementations return them.
+    impls     implementation name -> `Impl`.
+    given     optional ``given(case, actual) -> {output: expected}``: expected
+              values that depend on what the implementation produced (a
+              quantised element judged given the implementation's own scale).
+    """
+
+    name: str
+    oracle: Callable[..., Any]
+    strategy: Callable[[], Any]
+    outputs: dict[str, Any]
+    impls: dict[str, Impl]
+    given: Callable[..., dict[str, Any]] | None = None
+    doc: str = ""
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    def add_impl(self, impl: Impl) -> None:
+        self.impls[impl.name] = impl
+
+
+_REGISTRY: dict[str, OpSpec] = {}
+_BUILTINS_LOADED = False
+# Modules holding the built-in declarations, one per operator family.
+_BUILTIN_SPEC_MODULES = ("tkverify.specs.moe", "tkverify.specs.transpose")
+
+
+def register(spec: OpSpec) -> OpSpec:
+    """Add an op to the registry (replacing one of the same name)."""
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def register_impl(op: str, impl: Impl) -> Impl:
+    """Add an implementation of an already registered op: the one-line way to test your kernel."""
+    get(op).add_impl(impl)
+    return impl
+
+
+def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
+    """Import the built-in specs, then every module named (and those in TKVERIFY_LOAD)."""
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        for m in _BUILTIN_SPEC_MODULES:
+            importlib.import_module(m)
+    extra = [m for m in os.environ.get("TKVERIFY_LOAD", "").split(",") if m]
+    if (modules or extra) and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a user's module beside them, as `python -m` would find it
+    for m in [*modules, *extra]:
+        importlib.import_module(m)
+
+
+def get(name: str) -> OpSpec:
+    load_plugins()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no op named {name!r}; registered: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def all_specs() -> list[OpSpec]:
+    load_plugins()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def impl_names() -> list[str]:
+    """Every implementation name some registered op has, built-ins first."""
+    names = {n for spec in all_specs() for n in spec.impls}
+    return [n for n in BUILTIN_IMPLS if n in names] + sorted(names - set(BUILTIN_IMPLS))
