@@ -1,0 +1,41 @@
+"""Plugin logic that does not need a GPU: worker pinning, implementation choice, profiles."""
+
+import pytest
+from hypothesis import settings
+
+from tkverify import profiles, registry
+from tkverify.plugin import selected_impls, worker_gpu
+
+
+@pytest.mark.parametrize("count", [2, 4, 8])
+def test_each_worker_gets_one_gpu_round_robin(count):
+    workers = [f"gw{i}" for i in range(2 * count)]
+    gpus = [worker_gpu(w, count) for w in workers]
+    assert gpus == [i % count for i in range(2 * count)]
+    assert sorted(set(gpus)) == list(range(count))
+
+
+def test_no_pinning_without_several_gpus_or_outside_xdist():
+    assert worker_gpu("gw3", 1) is None
+    assert worker_gpu("gw3", 0) is None
+    assert worker_gpu(None, 8) is None
+
+
+def test_impl_selection():
+    spec = registry.get("moe.topk_gate")
+    auto = selected_impls(spec, "auto")
+    assert ("torch", None) in auto and all(reason is None for _, reason in auto)
+    everything = dict(selected_impls(spec, "all"))
+    assert everything["torch"] is None and "tilelang" in everything and "tile_kernels" in everything
+    assert "no implementation" in everything["tile_kernels"]
+    assert dict(selected_impls(spec, "torch")) == {"torch": None}
+
+
+def test_profiles(tk_state):
+    assert profiles.load("ci") == "ci"
+    assert settings().derandomize and settings().deadline is None
+    profiles.load("fuzz")
+    assert settings().max_examples >= 1000
+    with pytest.raises(ValueError):
+        profiles.load("nope")
+    profiles.load(tk_state["profile"])  # leave the session's profile as it was

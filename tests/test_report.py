@@ -1,0 +1,55 @@
+"""Report rows, shard merging and the written files."""
+
+import json
+import random
+
+import pytest
+
+from tkverify.policies import Comparison
+from tkverify.report import Collector, merge_shards, meta, write_report
+
+
+def comparison(rng: random.Random, fmt: str) -> Comparison:
+    n = rng.randint(1, 50)
+    exact = rng.randint(0, n)
+    return Comparison(output="y", fmt=fmt, policy="ulp", count=n, exact=exact, max_ulp=rng.random() * 2,
+                      sum_ulp=rng.random() * n, hist={"0": exact, "1": n - exact}, passed=rng.random() > 0.1)
+
+
+def test_merged_shards_equal_one_collector(tmp_path):
+    rng = random.Random(1)
+    verdicts = [(rng.choice(["a.x", "b.y"]), rng.choice(["torch", "tilelang"]), comparison(rng, rng.choice(["bf16", "e4m3"])))
+                for _ in range(200)]
+    whole, shards = Collector(), [Collector() for _ in range(3)]
+    for i, (op, impl, c) in enumerate(verdicts):
+        whole.add(op, impl, c)
+        shards[i % 3].add(op, impl, c)
+    for i, s in enumerate(shards):
+        s.write_shard(tmp_path / f"gw{i}.json", worker=f"gw{i}", gpu=None, pid=0)
+    merged = merge_shards(tmp_path.glob("*.json"))
+    assert len(merged) == len(whole.rows)
+    for row in merged:
+        ref = whole.rows[(row["op"], row["output"], row["format"], row["impl"])]
+        for field in ("cases", "count", "exact_count", "failures", "hist", "verdict"):
+            assert row[field] == ref[field], field
+        for field in ("max_ulp", "sum_ulp", "exact", "mean_ulp"):
+            assert row[field] == pytest.approx(ref[field]), field
+
+
+def test_written_report_has_the_promised_fields(tmp_path):
+    col = Collector()
+    rng = random.Random(2)
+    for _ in range(20):
+        col.add("moe.topk_gate", "torch", comparison(rng, "int64"))
+        col.add("quant.cast", "torch", comparison(rng, "e4m3"))
+    paths = write_report(tmp_path, list(col.rows.values()), meta("ci", "torch"))
+    doc = json.loads(paths["json"].read_text())
+    for key in ("versions", "device", "commit", "date", "profile"):
+        assert key in doc["meta"]
+    for row in doc["results"]:
+        for key in ("op", "output", "format", "impl", "count", "exact", "max_ulp", "mean_ulp", "hist", "verdict"):
+            assert key in row
+        assert row["verdict"] in ("pass", "fail")
+    md = paths["md"].read_text()
+    assert "### e4m3" in md and "### int64" in md and "| moe.topk_gate:y | " in md
+    assert "<svg" in paths["html"].read_text()

@@ -1,0 +1,112 @@
+"""Run one case through an implementation and the oracle, and judge every output."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tkverify.case import Case, save_case
+from tkverify.policies import Comparison
+from tkverify.registry import Impl, OpSpec
+
+DEFAULT_CASE_DIR = Path(os.environ.get("TKVERIFY_CASE_DIR", ".tkverify/cases"))
+
+
+class VerificationError(AssertionError):
+    """An implementation disagreed with the oracle; the message names the element and the replay."""
+
+    def __init__(self, message: str, comparisons: list[Comparison] | None = None, case_file: Path | None = None):
+        super().__init__(message)
+        self.comparisons = comparisons or []
+        self.case_file = case_file
+
+
+def name_outputs(spec: OpSpec, result: Any, who: str) -> dict[str, Any]:
+    """Map what an implementation or oracle returned onto the spec's output names."""
+    names = list(spec.outputs)
+    if isinstance(result, dict):
+        missing = [n for n in names if n not in result]
+        if missing:
+            raise TypeError(f"{who} of {spec.name} returned no {missing}")
+        return {n: result[n] for n in names}
+    if not isinstance(result, (tuple, list)):
+        result = (result,)
+    if len(result) != len(names):
+        raise TypeError(f"{who} of {spec.name} returned {len(result)} outputs, the spec names {len(names)}: {names}")
+    return dict(zip(names, result))
+
+
+def run_impl(spec: OpSpec, impl: Impl, case: Case) -> dict[str, Any]:
+    device = impl.resolve_device()
+    result = impl.function()(**case.to(device), **case.params)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return name_outputs(spec, result, f"implementation {impl.name!r}")
+
+
+def run_oracle(spec: OpSpec, case: Case, actual: dict[str, Any] | None = None) -> dict[str, Any]:
+    expected = name_outputs(spec, spec.oracle(**case.inputs, **case.params), "the oracle")
+    if spec.given is not None and actual is not None:
+        expected.update(spec.given(case, actual))
+    return expected
+
+
+def judge(spec: OpSpec, actual: dict[str, Any], expected: dict[str, Any]) -> list[Comparison]:
+    return [policy.compare(name, actual[name], expected[name]) for name, policy in spec.outputs.items()]
+
+
+def case_file_for(spec: OpSpec, impl: Impl, case: Case, case_dir: Path) -> Path:
+    """A stable name per (op, impl, parameters): the shrunk case overwrites the ones before it."""
+    digest = hashlib.sha1(json.dumps(case.params, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return case_dir / f"{spec.name}-{impl.name}-{digest}"
+
+
+def replay_command(path: Path) -> str:
+    return f"tkverify replay {path}"
+
+
+def check_case(spec: OpSpec, impl: Impl, case: Case, *, case_dir: Path | None = DEFAULT_CASE_DIR,
+               record=None) -> list[Comparison]:
+    """Judge `impl` on `case`; on failure save the case (unless case_dir is None) and raise.
+
+    `record(spec, impl, comparisons, case)` is called with every verdict, pass or
+    fail, so that the report sees the whole distribution and not only failures.
+    """
+    header = f"{spec.name}[{impl.name}] on {case.describe()}"
+    try:
+        actual = run_impl(spec, impl, case)
+    except Exception as e:
+        path = save_case(case_file_for(spec, impl, case, case_dir), case, op=spec.name, impl=impl.name) \
+            if case_dir is not None else None
+        replay = f"\n  replay: {replay_command(path)}" if path else ""
+        raise VerificationError(f"{header}: the implementation raised {type(e).__name__}: {e}{replay}",
+                                case_file=path) from e
+    expected = run_oracle(spec, case, actual)
+    comparisons = judge(spec, actual, expected)
+    if record is not None:
+        record(spec, impl, comparisons, case)
+    failed = [c for c in comparisons if not c.passed]
+    if not failed:
+        return comparisons
+    path = None
+    if case_dir is not None:
+        path = save_case(case_file_for(spec, impl, case, case_dir), case, op=spec.name, impl=impl.name,
+                         extra={"failures": [c.message for c in failed]})
+    lines = [f"{header}: {len(failed)} of {len(comparisons)} outputs disagree with the float64 oracle"]
+    lines += [c.message for c in failed]
+    if path is not None:
+        lines.append(f"  replay: {replay_command(path)}")
+    raise VerificationError("\n".join(lines), comparisons, path)
+
+
+def as_float64(x: Any) -> np.ndarray:
+    """A tensor or array as float64 numpy, exactly (bf16/fp8 widen without rounding)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().to(torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)

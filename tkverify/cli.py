@@ -1,0 +1,125 @@
+"""The `tkverify` command: list, report, replay."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from tkverify import registry
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    registry.load_plugins(args.load)
+    for spec in registry.all_specs():
+        impls = []
+        for name, impl in spec.impls.items():
+            reason = impl.unavailable_reason()
+            impls.append(name if reason is None else f"{name} (unavailable here)")
+        print(spec.name)
+        print(f"  implementations: {', '.join(impls)}")
+        for output, policy in spec.outputs.items():
+            print(f"  output {output}: {policy}")
+    return 0
+
+
+def pytest_command(args: argparse.Namespace) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "--pyargs", "tkverify.suite", "-p", "no:cacheprovider",
+           "--tk-impl", args.impl, "--tk-report", str(args.out)]
+    if args.profile:
+        cmd += ["--tk-profile", args.profile]
+    for m in args.load:
+        cmd += ["--tk-load", m]
+    if args.workers:
+        cmd += ["-n", str(args.workers)]
+    if args.k:
+        cmd += ["-k", args.k]
+    return cmd + ["-q", *args.pytest_args]
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    cmd = pytest_command(args)
+    print("$ " + " ".join(cmd), flush=True)
+    rc = subprocess.call(cmd)
+    md = Path(args.out) / "report.md"
+    if md.is_file():
+        print(f"report: {md} (and report.json, report.html)")
+    # pytest's 1 means some verdict failed: the report is still written and is the product.
+    return rc
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from tkverify.case import CaseFileError, load_case
+    from tkverify.check import VerificationError, check_case
+
+    try:
+        case, meta = load_case(args.path)
+    except CaseFileError as e:
+        print(f"tkverify replay: {e}", file=sys.stderr)
+        return 2
+    registry.load_plugins(args.load)
+    try:
+        spec = registry.get(meta["op"])
+    except KeyError as e:
+        print(f"tkverify replay: {e.args[0]}", file=sys.stderr)
+        return 2
+    impl_name = args.impl or meta["impl"]
+    if impl_name not in spec.impls:
+        print(f"tkverify replay: {spec.name} has no implementation {impl_name!r} here "
+              f"(registered: {', '.join(spec.impls)}; use --load for your own)", file=sys.stderr)
+        return 2
+    impl = spec.impls[impl_name]
+    reason = impl.unavailable_reason()
+    if reason:
+        print(f"tkverify replay: {reason}", file=sys.stderr)
+        return 2
+    print(f"replaying {spec.name} [{impl_name}] on {case.describe()}")
+    print(f"  recorded with: {meta.get('versions', {})}")
+    try:
+        comparisons = check_case(spec, impl, case, case_dir=None)
+    except VerificationError as e:
+        print(f"FAIL\n{e}")
+        return 1
+    for c in comparisons:
+        print(f"  {c.output} ({c.fmt}, {c.policy}): {c.count} elements, {c.exact} exact, max ULP {c.max_ulp:.3g}")
+    print("PASS")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tkverify", description="Differential testing of GPU kernels against "
+                                "float64 oracles.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_load(sp):
+        sp.add_argument("--load", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (your own registrations)")
+        return sp
+
+    with_load(sub.add_parser("list", help="every registered op, its implementations and policies")) \
+        .set_defaults(func=cmd_list)
+
+    r = with_load(sub.add_parser("report", help="run the differential suite and write the ULP report"))
+    r.add_argument("--impl", default="auto", help="auto, all, torch, tilelang, tile_kernels or a comma list")
+    r.add_argument("--profile", default=None, choices=("ci", "dev", "fuzz"))
+    r.add_argument("--out", default="tkverify-report", type=Path, help="output folder (default tkverify-report)")
+    r.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers (e.g. 8 or auto)")
+    r.add_argument("-k", default=None, help="pytest -k expression to select ops")
+    r.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    r.set_defaults(func=cmd_report)
+
+    rp = with_load(sub.add_parser("replay", help="re-run a saved failing case and print the verdict"))
+    rp.add_argument("path", help="the case file (.json; its .npz lies beside it)")
+    rp.add_argument("--impl", default=None, help="run another implementation than the recorded one")
+    rp.set_defaults(func=cmd_replay)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

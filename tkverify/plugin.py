@@ -1,0 +1,145 @@
+"""The pytest plugin (registered through the `pytest11` entry point).
+
+Options: ``--tk-impl`` which implementations to judge, ``--tk-profile`` the
+hypothesis profile, ``--tk-report DIR`` where the merged report goes,
+``--tk-load MODULE`` extra registrations (your own kernels), ``--tk-cases DIR``
+where failing cases are saved.
+
+Under pytest-xdist each worker writes a shard and the controller merges them; on
+a machine with several GPUs each worker is pinned to one GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tkverify import profiles, registry
+from tkverify.report import Collector, merge_shards, meta, write_report
+
+IMPL_CHOICES = ("auto", "all", *registry.BUILTIN_IMPLS)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("tkverify", "tkverify differential testing")
+    group.addoption("--tk-impl", default="auto",
+                    help="implementations to judge: auto (what can run here), all, or a comma list of "
+                         "torch, tilelang, tile_kernels and any registered name")
+    group.addoption("--tk-profile", default=None, choices=profiles.PROFILES,
+                    help="hypothesis profile (default: ci when the CI variable is set, else dev)")
+    group.addoption("--tk-report", default=None, metavar="DIR", help="write report.json/.md/.html to DIR")
+    group.addoption("--tk-load", action="append", default=[], metavar="MODULE",
+                    help="import MODULE to register more ops or implementations (repeatable)")
+    group.addoption("--tk-cases", default=None, metavar="DIR", help="where failing cases are saved "
+                    "(default .tkverify/cases)")
+
+
+def worker_id(config: pytest.Config) -> str | None:
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput["workerid"] if workerinput else None
+
+
+def worker_gpu(worker: str | None, device_count: int) -> int | None:
+    """The GPU an xdist worker is pinned to: gwN takes GPU N mod the GPU count."""
+    if worker is None or device_count < 2:
+        return None
+    m = re.fullmatch(r"gw(\d+)", worker)
+    return int(m.group(1)) % device_count if m else None
+
+
+def _pin_worker_to_gpu(config: pytest.Config) -> int | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    gpu = worker_gpu(worker_id(config), torch.cuda.device_count())
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
+        print(f"[tkverify] worker {worker_id(config)} pinned to cuda:{gpu} "
+              f"({torch.cuda.get_device_name(gpu)}), pid {os.getpid()}", file=sys.stderr)
+    return gpu if gpu is not None else torch.cuda.current_device()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device")
+    profile = profiles.load(config.getoption("--tk-profile"))
+    registry.load_plugins(config.getoption("--tk-load"))
+    state = {
+        "profile": profile,
+        "collector": Collector(),
+        "gpu": _pin_worker_to_gpu(config),
+        "report": Path(config.getoption("--tk-report")) if config.getoption("--tk-report") else None,
+        "cases": Path(config.getoption("--tk-cases") or os.environ.get("TKVERIFY_CASE_DIR", ".tkverify/cases")),
+    }
+    config.stash[_STATE] = state
+    if state["report"] is not None and worker_id(config) is None:
+        shards = state["report"] / "shards"
+        if shards.is_dir():  # a report reflects this run only
+            for old in shards.glob("*.json"):
+                old.unlink()
+
+
+_STATE = pytest.StashKey[dict]()
+
+
+def selected_impls(spec: registry.OpSpec, choice: str) -> list[tuple[str, str | None]]:
+    """(implementation, reason it cannot run or None) for one op under --tk-impl."""
+    names = list(spec.impls)
+    if choice == "auto":
+        return [(n, None) for n in names if spec.impls[n].unavailable_reason() is None]
+    if choice == "all":
+        wanted = list(dict.fromkeys([*registry.BUILTIN_IMPLS, *names]))
+    else:
+        wanted = [c.strip() for c in choice.split(",") if c.strip()]
+    out = []
+    for n in wanted:
+        if n not in spec.impls:
+            if n in registry.BUILTIN_IMPLS or choice != "all":
+                out.append((n, f"{spec.name} has no implementation {n!r} (it has: {', '.join(names)})"))
+            continue
+        out.append((n, spec.impls[n].unavailable_reason()))
+    return out
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "tk_op_impl" not in metafunc.fixturenames:
+        return
+    choice = metafunc.config.getoption("--tk-impl")
+    params = []
+    for spec in registry.all_specs():
+        for impl, reason in selected_impls(spec, choice):
+            marks = [pytest.mark.skip(reason=reason)] if reason else []
+            if impl in spec.impls and spec.impls[impl].device == "cuda":
+                marks.append(pytest.mark.gpu)
+            params.append(pytest.param((spec.name, impl), id=f"{spec.name}-{impl}", marks=marks))
+    metafunc.parametrize("tk_op_impl", params)
+
+
+@pytest.fixture
+def tk_state(request: pytest.FixtureRequest) -> dict:
+    return request.config.stash[_STATE]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    state = config.stash.get(_STATE, None)
+    if state is None or state["report"] is None:
+        return
+    worker = worker_id(config) or "main"
+    shards = state["report"] / "shards"
+    if state["collector"].rows or worker == "main":
+        state["collector"].write_shard(shards / f"{worker}.json", worker=worker, gpu=state["gpu"], pid=os.getpid())
+    if worker_id(config) is None:  # the controller, with or without xdist
+        rows = merge_shards(shards.glob("*.json"))
+        paths = write_report(state["report"], rows, meta(state["profile"], config.getoption("--tk-impl")))
+        config.stash[_STATE]["written"] = paths
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state and state.get("written"):
+        terminalreporter.write_line(f"tkverify report: {state['written']['md']} (and .json, .html)")

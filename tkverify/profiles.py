@@ -1,0 +1,39 @@
+"""Hypothesis profiles: `ci` (derandomised, the default when CI is set), `dev`, `fuzz`."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+PROFILES = ("ci", "dev", "fuzz")
+
+# Cases hold tensors built from a few drawn numbers, so the usual health checks
+# about slow or large data generation only measure the kernels; they stay off.
+_QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+          HealthCheck.function_scoped_fixture]
+
+
+def register_profiles() -> None:
+    settings.register_profile(
+        "ci", max_examples=int(os.environ.get("TKVERIFY_CI_EXAMPLES", 30)), derandomize=True, deadline=None,
+        print_blob=True, database=None, suppress_health_check=_QUIET,
+    )
+    settings.register_profile("dev", max_examples=100, deadline=None, print_blob=True, suppress_health_check=_QUIET)
+    settings.register_profile(
+        "fuzz", max_examples=int(os.environ.get("TKVERIFY_FUZZ_EXAMPLES", 2000)), deadline=None,
+        print_blob=True, suppress_health_check=_QUIET,
+    )
+
+
+def default_profile() -> str:
+    return "ci" if os.environ.get("CI") else "dev"
+
+
+def load(name: str | None) -> str:
+    register_profiles()
+    name = name or default_profile()
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; choose from {', '.join(PROFILES)}")
+    settings.load_profile(name)
+    return name

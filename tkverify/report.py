@@ -1,0 +1,280 @@
+"""Collect verdicts into rows keyed by (op, output, format, impl); merge shards; write reports.
+
+Each pytest-xdist worker writes its rows to ``DIR/shards/<worker>.json``; the
+controller merges the shards into ``report.json``, ``report.md`` and
+``report.html``.  Merging is a plain fold over rows with the same key, so the
+merged report equals the union of the shards whatever the split.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from tkverify.case import versions
+from tkverify.policies import HIST_LABELS, Comparison
+
+KEY = ("op", "output", "format", "impl")
+
+
+def new_row(op: str, output: str, fmt: str, impl: str, policy: str) -> dict[str, Any]:
+    return {
+        "op": op, "output": output, "format": fmt, "impl": impl, "policy": policy,
+        "cases": 0, "count": 0, "exact_count": 0, "exact": 1.0,
+        "max_ulp": 0.0, "sum_ulp": 0.0, "mean_ulp": 0.0,
+        "hist": {}, "failures": 0, "verdict": "pass", "worst": None, "extra": {},
+    }
+
+
+def fold(row: dict[str, Any], other: dict[str, Any]) -> None:
+    """Add `other` (a row of the same key) into `row`."""
+    row["cases"] += other["cases"]
+    row["count"] += other["count"]
+    row["exact_count"] += other["exact_count"]
+    row["sum_ulp"] += other["sum_ulp"]
+    row["failures"] += other["failures"]
+    for k, v in other["hist"].items():
+        row["hist"][k] = row["hist"].get(k, 0) + v
+    for k, v in other["extra"].items():
+        row["extra"][k] = max(row["extra"].get(k, -math.inf), v)
+    if other["worst"] is not None and (row["worst"] is None or other["max_ulp"] > row["max_ulp"]):
+        row["worst"] = other["worst"]
+    row["max_ulp"] = max(row["max_ulp"], other["max_ulp"])
+    finish(row)
+
+
+def finish(row: dict[str, Any]) -> None:
+    """Derived fields: shares and verdict."""
+    row["exact"] = row["exact_count"] / row["count"] if row["count"] else 1.0
+    row["mean_ulp"] = row["sum_ulp"] / row["count"] if row["count"] else 0.0
+    row["verdict"] = "fail" if row["failures"] else "pass"
+    row["hist"] = {k: row["hist"][k] for k in HIST_LABELS if k in row["hist"]} | {
+        k: v for k, v in row["hist"].items() if k not in HIST_LABELS
+    }
+
+
+class Collector:
+    """Rows of one process, keyed by (op, output, format, impl)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, ...], dict[str, Any]] = {}
+
+    def record(self, spec, impl, comparisons: Iterable[Comparison], case=None) -> None:
+        for c in comparisons:
+            self.add(spec.name, impl.name, c, case.describe() if case is not None else "")
+
+    def add(self, op: str, impl: str, c: Comparison, case_desc: str = "") -> None:
+        one = new_row(op, c.output, c.fmt, impl, c.policy)
+        one.update(cases=1, count=c.count, exact_count=c.exact, max_ulp=c.max_ulp, sum_ulp=c.sum_ulp,
+                   hist=dict(c.hist), failures=0 if c.passed else 1, extra=dict(c.extra))
+        if c.worst is not None:
+            one["worst"] = {**c.worst, "case": case_desc}
+        key = (op, c.output, c.fmt, impl)
+        if key not in self.rows:
+            self.rows[key] = new_row(*key, c.policy)
+        fold(self.rows[key], one)
+
+    def write_shard(self, path: Path, **about: Any) -> None:
+        """One worker's rows, with what it ran on (`about`: worker id, GPU, pid)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**about, "rows": list(self.rows.values())}, default=str))
+
+
+def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    merged: dict[tuple[str, ...], dict[str, Any]] = {}
+    for p in sorted(paths):
+        for row in json.loads(Path(p).read_text())["rows"]:
+            key = tuple(row[k] for k in KEY)
+            if key not in merged:
+                merged[key] = new_row(*key, row["policy"])
+            fold(merged[key], row)
+    return [merged[k] for k in sorted(merged)]
+
+
+# ---------------------------------------------------------------- meta
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_info() -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        return {"device": "cpu", "gpus": 0}
+    info = {
+        "device": torch.cuda.get_device_name(0),
+        "gpus": torch.cuda.device_count(),
+        "capability": "sm_%d%d" % torch.cuda.get_device_capability(0),
+        "cuda": torch.version.cuda,
+    }
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        info["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        info["driver"] = "unknown"
+    return info
+
+
+def meta(profile: str, impl: str) -> dict[str, Any]:
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": os.environ.get("TKVERIFY_COMMIT") or git_commit(),
+        "profile": profile,
+        "impl": impl,
+        "versions": versions(),
+        **device_info(),
+    }
+
+
+# ---------------------------------------------------------------- writers
+
+
+def write_report(out_dir: Path, rows: list[dict[str, Any]], meta_: dict[str, Any]) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": meta_, "results": rows}
+    paths = {
+        "json": out_dir / "report.json",
+        "md": out_dir / "report.md",
+        "html": out_dir / "report.html",
+    }
+    paths["json"].write_text(json.dumps(doc, indent=1, default=str))
+    paths["md"].write_text(render_markdown(doc))
+    paths["html"].write_text(render_html(doc))
+    return paths
+
+
+def _ulp_cell(row: dict[str, Any]) -> str:
+    mark = "" if row["verdict"] == "pass" else " FAIL"
+    return f"{row['max_ulp']:.3g}{mark}"
+
+
+def formats_table(rows: list[dict[str, Any]]) -> dict[str, list[list[str]]]:
+    """Per format, a libm-test-ulps style table: op.output by implementation, max ULP."""
+    tables = {}
+    for fmt in sorted({r["format"] for r in rows}):
+        sel = [r for r in rows if r["format"] == fmt]
+        impls = sorted({r["impl"] for r in sel})
+        ops = sorted({(r["op"], r["output"]) for r in sel})
+        table = [["op", *impls]]
+        for op, output in ops:
+            cells = []
+            for impl in impls:
+                hit = [r for r in sel if (r["op"], r["output"], r["impl"]) == (op, output, impl)]
+                cells.append(_ulp_cell(hit[0]) if hit else "-")
+            table.append([f"{op}:{output}", *cells])
+        tables[fmt] = table
+    return tables
+
+
+def _md_table(table: list[list[str]]) -> str:
+    head, *body = table
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(lines)
+
+
+def _hist_text(hist: dict[str, int]) -> str:
+    return " ".join(f"{k}:{v}" for k, v in hist.items())
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    m, rows = doc["meta"], doc["results"]
+    failed = [r for r in rows if r["verdict"] != "pass"]
+    out = [
+        "# tkverify report",
+        "",
+        f"- date: {m['date']}  commit: `{m['commit']}`  profile: {m['profile']}  impl: {m['impl']}",
+        f"- device: {m.get('device')}  driver: {m.get('driver', '-')}  CUDA: {m.get('cuda', '-')}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items())),
+        f"- verdict: **{'FAIL' if failed else 'pass'}** ({len(rows) - len(failed)} of {len(rows)} rows pass)",
+        "",
+        "## Max ULP error per format (op:output by implementation)",
+        "",
+        "A cell is the largest ULP error seen against the exact float64 value; "
+        "0 means bitwise equal to the correctly rounded value everywhere.",
+    ]
+    for fmt, table in formats_table(rows).items():
+        out += ["", f"### {fmt}", "", _md_table(table)]
+    out += ["", "## All rows", "",
+            "| op | output | format | impl | policy | cases | elements | exact | max ULP | mean ULP "
+            "| code distance histogram | verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(
+            f"| {r['op']} | {r['output']} | {r['format']} | {r['impl']} | {r['policy']} | {r['cases']} "
+            f"| {r['count']} | {100 * r['exact']:.4g}% | {r['max_ulp']:.3g} | {r['mean_ulp']:.3g} "
+            f"| {_hist_text(r['hist'])} | {r['verdict']} |"
+        )
+    if failed:
+        out += ["", "## Failures", ""]
+        for r in failed:
+            w = r.get("worst") or {}
+            out.append(f"- {r['op']}:{r['output']} [{r['impl']}] worst at {w.get('index')}: actual "
+                       f"{w.get('actual')}, expected {w.get('expected')}, ULP {w.get('ulp')} ({w.get('case', '')})")
+    return "\n".join(out) + "\n"
+
+
+def _svg_histogram(hist: dict[str, int], width: int = 220, height: int = 60) -> str:
+    """A small log-scale bar chart of code distances, inline SVG (no plotting dependency)."""
+    labels = list(HIST_LABELS)
+    values = [hist.get(k, 0) for k in labels]
+    top = max((math.log10(v + 1) for v in values), default=1.0) or 1.0
+    bw = width / len(labels)
+    bars = []
+    for i, (label, v) in enumerate(zip(labels, values)):
+        h = (height - 14) * math.log10(v + 1) / top
+        colour = "#3a7" if i == 0 else ("#db3" if i == 1 else "#c33")
+        bars.append(
+            f'<rect x="{i * bw + 1:.1f}" y="{height - 12 - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" '
+            f'fill="{colour}"><title>{label}: {v}</title></rect>'
+            f'<text x="{i * bw + bw / 2:.1f}" y="{height - 2}" font-size="8" text-anchor="middle">{label}</text>'
+        )
+    return f'<svg width="{width}" height="{height}" role="img">{"".join(bars)}</svg>'
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    m, rows = doc["meta"], doc["results"]
+    esc = html.escape
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>tkverify report</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}.fail{background:#fdd}</style>",
+        "<h1>tkverify report</h1>",
+        f"<p>{esc(m['date'])} &middot; commit <code>{esc(m['commit'])}</code> &middot; profile {esc(m['profile'])}"
+        f" &middot; {esc(str(m.get('device')))} &middot; driver {esc(str(m.get('driver', '-')))}</p>",
+        "<p>" + esc(", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items()))) + "</p>",
+    ]
+    for fmt, table in formats_table(rows).items():
+        parts.append(f"<h2>{esc(fmt)}: max ULP</h2><table>")
+        for i, r in enumerate(table):
+            tag = "th" if i == 0 else "td"
+            parts.append("<tr>" + "".join(f"<{tag}>{esc(c)}</{tag}>" for c in r) + "</tr>")
+        parts.append("</table>")
+    parts.append("<h2>All rows</h2><table><tr><th>op</th><th>output</th><th>format</th><th>impl</th>"
+                 "<th>cases</th><th>elements</th><th>exact</th><th>max ULP</th><th>mean ULP</th>"
+                 "<th>code distances (log scale)</th><th>verdict</th></tr>")
+    for r in rows:
+        cls = "" if r["verdict"] == "pass" else " class='fail'"
+        parts.append(
+            f"<tr{cls}><td>{esc(r['op'])}</td><td>{esc(r['output'])}</td><td>{esc(r['format'])}</td>"
+            f"<td>{esc(r['impl'])}</td><td>{r['cases']}</td><td>{r['count']}</td>"
+            f"<td>{100 * r['exact']:.4g}%</td><td>{r['max_ulp']:.3g}</td><td>{r['mean_ulp']:.3g}</td>"
+            f"<td>{_svg_histogram(r['hist'])}</td><td>{esc(r['verdict'])}</td></tr>"
+        )
+    parts.append("</table>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,29 @@
+"""The differential suite: every registered op against every selected implementation.
+
+`tkverify report` runs this module (``pytest --pyargs tkverify.suite``); the
+project's own tests import it too.  Each (op, implementation) pair is one test
+whose examples come from the op's strategy under the active hypothesis profile.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given
+
+from tkverify import registry
+from tkverify.check import check_case
+
+
+def verify(spec: registry.OpSpec, impl: registry.Impl, *, case_dir=None, record=None) -> None:
+    """Let hypothesis hunt for a case where `impl` and the oracle disagree; raise on the shrunk one."""
+
+    @given(case=spec.strategy())
+    def run(case):
+        check_case(spec, impl, case, case_dir=case_dir, record=record)
+
+    run()
+
+
+def test_differential(tk_op_impl, tk_state):
+    op, impl_name = tk_op_impl
+    spec = registry.get(op)
+    verify(spec, spec.impls[impl_name], case_dir=tk_state["cases"], record=tk_state["collector"].record)
