@@ -46,7 +46,9 @@ class Case:
         return f"params={self.params} inputs[{shapes}]"
 
     def to(self, device: str | torch.device) -> dict[str, torch.Tensor]:
-        return {k: v.to(device) for k, v in self.inputs.items()}
+        """Copies of the inputs on `device`: an implementation that writes into its
+        input must not change what the oracle and the case file see."""
+        return {k: v.to(device, copy=True) for k, v in self.inputs.items()}
 
 
 def versions() -> dict[str, str]:
@@ -80,16 +82,22 @@ def _dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
+def _base(path: str | Path) -> Path:
+    """The path without .json/.npz (op names hold dots, so with_suffix("") would cut them)."""
+    p = Path(path)
+    return p.with_suffix("") if p.suffix in (".json", ".npz") else p
+
+
 def save_case(path: str | Path, case: Case, *, op: str, impl: str, extra: dict | None = None) -> Path:
     """Write ``path``.npz and ``path``.json; returns the .json path (the one to replay)."""
-    base = Path(path).with_suffix("")
+    base = _base(path)
     base.parent.mkdir(parents=True, exist_ok=True)
     arrays, tensors = {}, {}
     for name, t in case.inputs.items():
-        t = t.detach().cpu().contiguous()
+        t = t.detach().cpu().clone(memory_format=torch.contiguous_format)
         arrays[name] = t.view(_CARRIER[t.element_size()]).numpy() if t.numel() else np.zeros(0, np.uint8)
         tensors[name] = {"dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
-    np.savez(base.with_suffix(".npz"), **arrays)
+    np.savez(base.parent / (base.name + ".npz"), **arrays)
     meta = {
         "tkverify_case": FORMAT_VERSION,
         "op": op,
@@ -99,15 +107,15 @@ def save_case(path: str | Path, case: Case, *, op: str, impl: str, extra: dict |
         "versions": versions(),
         **(extra or {}),
     }
-    json_path = base.with_suffix(".json")
+    json_path = base.parent / (base.name + ".json")
     json_path.write_text(json.dumps(meta, indent=2, sort_keys=True))
     return json_path
 
 
 def load_case(path: str | Path) -> tuple[Case, dict[str, Any]]:
     """Read a case written by `save_case`; raises `CaseFileError` with the reason."""
-    base = Path(path).with_suffix("")
-    json_path, npz_path = base.with_suffix(".json"), base.with_suffix(".npz")
+    base = _base(path)
+    json_path, npz_path = base.parent / (base.name + ".json"), base.parent / (base.name + ".npz")
     for p in (json_path, npz_path):
         if not p.is_file():
             raise CaseFileError(f"case file {p} does not exist")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -61,10 +59,10 @@ def judge(spec: OpSpec, actual: dict[str, Any], expected: dict[str, Any]) -> lis
     return [policy.compare(name, actual[name], expected[name]) for name, policy in spec.outputs.items()]
 
 
-def case_file_for(spec: OpSpec, impl: Impl, case: Case, case_dir: Path) -> Path:
-    """A stable name per (op, impl, parameters): the shrunk case overwrites the ones before it."""
-    digest = hashlib.sha1(json.dumps(case.params, sort_keys=True, default=str).encode()).hexdigest()[:8]
-    return case_dir / f"{spec.name}-{impl.name}-{digest}"
+def case_file_for(spec: OpSpec, impl: Impl, case_dir: Path) -> Path:
+    """One name per (op, impl): hypothesis ends by re-running the shrunk example, so the
+    file left behind is the minimal failing case."""
+    return case_dir / f"{spec.name}-{impl.name}"
 
 
 def replay_command(path: Path) -> str:
@@ -82,7 +80,7 @@ def check_case(spec: OpSpec, impl: Impl, case: Case, *, case_dir: Path | None = 
     try:
         actual = run_impl(spec, impl, case)
     except Exception as e:
-        path = save_case(case_file_for(spec, impl, case, case_dir), case, op=spec.name, impl=impl.name) \
+        path = save_case(case_file_for(spec, impl, case_dir), case, op=spec.name, impl=impl.name) \
             if case_dir is not None else None
         replay = f"\n  replay: {replay_command(path)}" if path else ""
         raise VerificationError(f"{header}: the implementation raised {type(e).__name__}: {e}{replay}",
@@ -96,7 +94,7 @@ def check_case(spec: OpSpec, impl: Impl, case: Case, *, case_dir: Path | None = 
         return comparisons
     path = None
     if case_dir is not None:
-        path = save_case(case_file_for(spec, impl, case, case_dir), case, op=spec.name, impl=impl.name,
+        path = save_case(case_file_for(spec, impl, case_dir), case, op=spec.name, impl=impl.name,
                          extra={"failures": [c.message for c in failed]})
     lines = [f"{header}: {len(failed)} of {len(comparisons)} outputs disagree with the float64 oracle"]
     lines += [c.message for c in failed]

@@ -427,8 +427,12 @@ def of_dtype(dtype: Any) -> Format:
 
 def codes_of(t: Any) -> np.ndarray:
     """Raw codes of a float torch tensor (any device) as a numpy array."""
+    import torch
+
     fmt = of_dtype(t.dtype)
-    raw = t.detach().cpu().contiguous().view(_torch_int_of_width(fmt.bits))
+    # clone(contiguous_format), not .contiguous(): an empty transposed tensor
+    # keeps strides under .contiguous() that forbid a view of another width.
+    raw = t.detach().cpu().clone(memory_format=torch.contiguous_format).view(_torch_int_of_width(fmt.bits))
     return raw.numpy().view(fmt.code_dtype)
 
 
