@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import pkgutil
 import sys
 from typing import Any, Callable
 
@@ -103,8 +104,6 @@ class OpSpec:
 
 _REGISTRY: dict[str, OpSpec] = {}
 _BUILTINS_LOADED = False
-# Modules holding the built-in declarations, one per operator family.
-_BUILTIN_SPEC_MODULES = ("tkverify.specs.moe", "tkverify.specs.transpose")
 
 
 def register(spec: OpSpec) -> OpSpec:
@@ -124,8 +123,11 @@ def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        for m in _BUILTIN_SPEC_MODULES:
-            importlib.import_module(m)
+        # Every module of tkverify.specs holds one family's declarations.
+        import tkverify.specs
+
+        for info in pkgutil.iter_modules(tkverify.specs.__path__):
+            importlib.import_module(f"tkverify.specs.{info.name}")
     extra = [m for m in os.environ.get("TKVERIFY_LOAD", "").split(",") if m]
     if (modules or extra) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # a user's module beside them, as `python -m` would find it
