@@ -44,6 +44,14 @@ class Impl:
         for module in self.requires:
             if importlib.util.find_spec(module) is None:
                 return f"implementation {self.name!r} needs the module {module!r}, which is not installed"
+        if isinstance(self.target, str):
+            module = self.target.partition(":")[0]
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ModuleNotFoundError:  # its parent package is missing
+                found = False
+            if not found:
+                return f"implementation {self.name!r}: {module} does not exist (yet)"
         return None
 
     def resolve_device(self) -> torch.device:

@@ -1,0 +1,19 @@
+"""TileLang GPU implementations of the operators described in OPS.md.
+
+Each module holds one family (``kernels.moe``, ``kernels.transpose``): a thin
+PyTorch-facing wrapper that validates its arguments and picks a static
+configuration, and a builder that returns the TileLang ``prim_func`` for that
+configuration.  TileLang itself is imported lazily (see ``kernels._tilelang``),
+so importing this package, or a family module, never imports tilelang.
+
+``KERNELS`` is the one list of TileLang kernels: ``python -m kernels.precompile``
+and ``tests/test_lowering.py`` iterate it, each over every static
+configuration of every kernel.
+"""
+
+# kernel name -> "module:attribute" of its `KernelDef` (resolved lazily by
+# `kernels._tilelang.kernel_defs`, so listing a kernel imports nothing).
+KERNELS = {
+    "moe.topk_gate": "kernels.moe:TOPK_GATE",
+    "transpose.batched_transpose": "kernels.transpose:BATCHED_TRANSPOSE",
+}

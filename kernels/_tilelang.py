@@ -1,0 +1,177 @@
+"""Plumbing shared by the TileLang kernels.
+
+- `tl()` / `T()`: tilelang and tilelang.language, imported on first use only.
+- `KernelDef` and `kernel_defs()`: the registry of kernels and their static
+  configurations (names listed in `kernels.KERNELS`).
+- Targets: `target_for(device)` for running, `SM90` for lowering and
+  precompiling.  A kernel compiled here for `SM90` lands in tilelang's disk
+  cache (``TILELANG_CACHE_DIR``) under a key that includes the target dict, so
+  the run-time target must be the same dict for the cache to be hit.
+- `compiled_kernel`: an in-process cache of compiled kernels per
+  (kernel, static config, arch).
+- `lower_to_cuda`: CUDA source for one configuration, without a GPU.
+- Argument checks that raise TypeError / ValueError naming the argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import operator
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+SM90 = {"kind": "cuda", "arch": "sm_90"}
+
+# Dimensions are bound to int32 symbolic sizes inside the kernels, and tile
+# arithmetic rounds them up to a whole tile: keep that headroom below 2**31.
+MAX_DIM = 2**31 - 2**10
+
+
+def tl():
+    """The tilelang module, imported on first use."""
+    import tilelang
+
+    return tilelang
+
+
+def T():
+    """tilelang.language (the kernel DSL), imported on first use."""
+    import tilelang.language
+
+    return tilelang.language
+
+
+# ---------------------------------------------------------------- registry
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelDef:
+    """One TileLang kernel: how to build its prim_func for one static config.
+
+    ``configs`` lists every static configuration the wrappers may ask for;
+    each config is a hashable value (a NamedTuple) passed to ``build``.
+    Everything else (token counts, matrix sizes, k) is a symbolic size, so it
+    never causes a recompile.
+    """
+
+    name: str
+    build: Callable[[Any], Any]
+    configs: tuple[Hashable, ...]
+
+
+def kernel_defs() -> dict[str, KernelDef]:
+    """Every kernel listed in `kernels.KERNELS`, by name (imports their modules)."""
+    from . import KERNELS
+
+    defs = {}
+    for name, path in KERNELS.items():
+        module, _, attribute = path.partition(":")
+        defs[name] = getattr(importlib.import_module(module), attribute)
+    return defs
+
+
+# ----------------------------------------------------------------- targets
+
+
+def target_for(device: torch.device) -> dict[str, str]:
+    """The tilelang target for a CUDA device, e.g. {"kind": "cuda", "arch": "sm_90"}."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return {"kind": "cuda", "arch": f"sm_{major}{minor}"}
+
+
+def pass_configs_of(func) -> dict[str, Any]:
+    """The pass configs a prim_func carries (set with T.annotate_pass_configs)."""
+    attrs = func.attrs
+    if attrs is not None and "tilelang_pass_configs" in attrs:
+        return dict(attrs["tilelang_pass_configs"])
+    return {}
+
+
+def lower_to_cuda(func, target: dict[str, str] = SM90) -> str:
+    """CUDA source of a prim_func for `target`; needs no GPU.
+
+    Lowering uses the same pass configs the JIT compile applies, so the source
+    is the one that would be compiled.
+    """
+    tilelang = tl()
+    tvm = tilelang.tvm
+    with tvm.transform.PassContext(opt_level=3, config=pass_configs_of(func)), tvm.target.Target(target):
+        return tilelang.lower(func, target=target).kernel_source
+
+
+def global_function_name(func) -> str:
+    """Name of the __global__ function tilelang generates for a prim_func."""
+    return f"{func.attrs['global_symbol']}_kernel"
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(kernel: KernelDef, config: Hashable, arch: str):
+    # The target dict must be built identically everywhere (precompile and
+    # run time): it is part of tilelang's disk-cache key.
+    target = {"kind": "cuda", "arch": arch}
+    return tl().compile(kernel.build(config), target=target)
+
+
+def compiled_kernel(kernel: KernelDef, config: Hashable, target: dict[str, str]):
+    """The compiled kernel for (kernel, config, target), compiled at most once per process.
+
+    tilelang's own disk cache makes the first call of a process cheap when
+    the configuration was precompiled (``python -m kernels.precompile``).
+    """
+    if config not in kernel.configs:
+        raise ValueError(f"{kernel.name}: {config!r} is not one of its static configurations")
+    if target.get("kind") != "cuda" or set(target) != {"kind", "arch"}:
+        raise ValueError(f"target must be {{'kind': 'cuda', 'arch': 'sm_XY'}}, got {target!r}")
+    return _compile(kernel, config, target["arch"])
+
+
+# ------------------------------------------------------- argument checks
+
+
+def check_tensor(
+    name: str,
+    value: Any,
+    *,
+    dtypes: tuple[torch.dtype, ...] | None = None,
+    ndim: int | None = None,
+) -> torch.Tensor:
+    """Check that `value` is a contiguous CUDA tensor of one of `dtypes` with `ndim` dims.
+
+    Raises TypeError for a non-tensor or a wrong dtype, ValueError for a wrong
+    number of dimensions, a non-CUDA device or a non-contiguous layout.
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if dtypes is not None and value.dtype not in dtypes:
+        allowed = ", ".join(str(d) for d in dtypes)
+        raise TypeError(f"{name} must have dtype {allowed}, got {value.dtype}")
+    if ndim is not None and value.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(value.shape)}")
+    if value.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {value.device}")
+    if not value.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {value.stride()} for shape {tuple(value.shape)}")
+    return value
+
+
+def check_int(name: str, value: Any, low: int, high: int) -> int:
+    """Check that `value` is an integer (not a bool) in [low, high]; return it as int."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def check_dims_fit_int32(name: str, tensor: torch.Tensor) -> None:
+    """Kernels bind each dimension to an int32 symbolic size; reject larger ones."""
+    if any(size > MAX_DIM for size in tensor.shape):
+        raise ValueError(f"{name}: every dimension must be at most {MAX_DIM}, got shape {tuple(tensor.shape)}")
