@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# What a GPU run of tkverify does on the H200 (through the device tool), in one call:
+#   TKVERIFY_COMMIT=<hash> bash scripts/gpu-run.sh [pytest -k expression for the report]
+# Everything it produces is packed into $OUT/results.tar.gz (the tool brings back few files).
+set -uo pipefail
+source .gpu/setup.sh || exit 1
+export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR="$PWD/.cache/tilelang"
+R="${OUT:-/tmp/out}/results"; mkdir -p "$R"
+select="${1:-}"
+
+# The pytest11 entry point and the console script need an install; without one, name the plugin.
+if ! python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . >"$R/install.log" 2>&1; then
+  export PYTEST_ADDOPTS="-p tkverify.plugin"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$R/gpu.txt"
+python3 -c "import torch, tilelang; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'tilelang', tilelang.__version__)" | tee -a "$R/gpu.txt"
+
+step() { local name=$1; shift; echo "=== $name: $*"; local t0=$(date +%s.%N)
+  "$@" >"$R/$name.log" 2>&1; local rc=$?
+  awk -v n="$name" -v rc="$rc" -v t0="$t0" -v t1="$(date +%s.%N)" \
+    'BEGIN { printf "=== %s: rc=%s, %.1f s\n", n, rc, t1 - t0 }' | tee -a "$R/steps.txt"
+  tail -n 25 "$R/$name.log"; }
+
+step precompile python3 -m kernels.precompile
+step pytest python3 -m pytest -n 8 --tk-impl all --tk-profile ci --tk-report "$R/pytest-report" -p no:cacheprovider ${select:+-k "$select"}
+step report python3 -m tkverify.cli report --impl tilelang --profile ci --out "$R/report-tilelang" -n 8 ${select:+-k "$select"}
+[ -f benchmarks/first_look.py ] && step bench python3 -m benchmarks.first_look "$R/bench.json"
+cp -r .tkverify/cases "$R/cases" 2>/dev/null
+tar -C "$PWD/.cache" -cJf "$R/tilelang-cache.tar.xz" tilelang
+tar -C "$(dirname "$R")" -czf "${OUT:-/tmp/out}/results.tar.gz" results && rm -rf "$R"
