@@ -3,7 +3,7 @@
 #   TKVERIFY_COMMIT=<hash> bash scripts/gpu-run.sh [pytest -k expression for the report]
 # Everything it produces is packed into $OUT/results.tar.gz (the tool brings back few files).
 set -uo pipefail
-source .gpu/setup.sh || exit 1
+source .gpu/setup.sh main || exit 1  # (a bare source would pass this script's arguments on)
 export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR="$PWD/.cache/tilelang"
 R="${OUT:-/tmp/out}/results"; mkdir -p "$R"
 select="${1:-}"
