@@ -30,7 +30,7 @@ def main(out_path: str) -> None:
     nbytes = scores.numel() * 4 + 16384 * k * 8
     row("moe.topk_gate", "tilelang", [16384, 256, k], median_time_s(lambda: kernels.moe.topk_gate(scores, k)), nbytes)
     row("moe.topk_gate", "torch", [16384, 256, k],
-        median_time_s(lambda: torch.sort(scores, 1, descending=True, stable=True).indices[:, :k]), nbytes)
+        median_time_s(lambda: torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]), nbytes)
     try:
         import tile_kernels
 
@@ -45,8 +45,9 @@ def main(out_path: str) -> None:
             nbytes = 2 * x.numel() * x.element_size()
             row("transpose.transpose", "tilelang", [m, n, str(dtype)],
                 median_time_s(lambda: kernels.transpose.transpose(x)), nbytes)
+            raw = x.view(torch.uint8) if x.element_size() == 1 else x  # fp8 copies go through bytes
             row("transpose.transpose", "torch", [m, n, str(dtype)],
-                median_time_s(lambda: x.t().contiguous()), nbytes)
+                median_time_s(lambda: raw.t().contiguous()), nbytes)
     with open(out_path, "w") as f:
         json.dump(results, f, indent=1)
 
