@@ -22,7 +22,7 @@ step() { local name=$1; shift; echo "=== $name: $*"; local t0=$(date +%s.%N)
   tail -n 25 "$R/$name.log"; }
 
 step precompile python3 -m kernels.precompile
-step pytest python3 -m pytest -n 8 --tk-impl all --tk-profile ci --tk-report "$R/pytest-report" -p no:cacheprovider ${select:+-k "$select"}
+step pytest python3 -m pytest -n 8 --tk-impl all --tk-profile ci --tk-report="$R/pytest-report" -p no:cacheprovider ${select:+-k "$select"}
 step report python3 -m tkverify.cli report --impl tilelang --profile ci --out "$R/report-tilelang" -n 8 ${select:+-k "$select"}
 [ -f benchmarks/first_look.py ] && step bench python3 -m benchmarks.first_look "$R/bench.json"
 cp -r .tkverify/cases "$R/cases" 2>/dev/null

@@ -39,3 +39,18 @@ def test_profiles(tk_state):
     with pytest.raises(ValueError):
         profiles.load("nope")
     profiles.load(tk_state["profile"])  # leave the session's profile as it was
+
+
+def test_an_unknown_impl_name_is_a_usage_error():
+    from tkverify.plugin import check_impl_choice
+
+    check_impl_choice("torch,tilelang")
+    with pytest.raises(pytest.UsageError, match="mien"):
+        check_impl_choice("torch,mien")
+
+
+def test_a_builtin_lacking_an_op_is_reported_but_a_users_name_is_not():
+    spec = registry.get("transpose.transpose")
+    chosen = dict(selected_impls(spec, "torch,tile_kernels,someone_elses"))
+    assert chosen["torch"] is None and "no implementation" in chosen["tile_kernels"]
+    assert "someone_elses" not in chosen

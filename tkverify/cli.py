@@ -25,12 +25,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def pytest_command(args: argparse.Namespace) -> list[str]:
+    # --opt=value in one word: pytest takes a bare existing path among its arguments for a test path.
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "tkverify.suite", "-p", "no:cacheprovider",
-           "--tk-impl", args.impl, "--tk-report", str(args.out)]
+           f"--tk-impl={args.impl}", f"--tk-report={args.out}"]
     if args.profile:
-        cmd += ["--tk-profile", args.profile]
-    for m in args.load:
-        cmd += ["--tk-load", m]
+        cmd.append(f"--tk-profile={args.profile}")
+    cmd += [f"--tk-load={m}" for m in args.load]
     if args.workers:
         cmd += ["-n", str(args.workers)]
     if args.k:

@@ -68,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
     profile = profiles.load(config.getoption("--tk-profile"))
     registry.load_plugins(config.getoption("--tk-load"))
+    check_impl_choice(config.getoption("--tk-impl"))
     state = {
         "profile": profile,
         "collector": Collector(),
@@ -97,12 +98,22 @@ def selected_impls(spec: registry.OpSpec, choice: str) -> list[tuple[str, str | 
         wanted = [c.strip() for c in choice.split(",") if c.strip()]
     out = []
     for n in wanted:
-        if n not in spec.impls:
-            if n in registry.BUILTIN_IMPLS or choice != "all":
-                out.append((n, f"{spec.name} has no implementation {n!r} (it has: {', '.join(names)})"))
-            continue
-        out.append((n, spec.impls[n].unavailable_reason()))
+        if n in spec.impls:
+            out.append((n, spec.impls[n].unavailable_reason()))
+        elif n in registry.BUILTIN_IMPLS:  # a built-in that lacks this op is worth a visible skip
+            out.append((n, f"{spec.name} has no implementation {n!r} (it has: {', '.join(names)})"))
     return out
+
+
+def check_impl_choice(choice: str) -> None:
+    """Refuse a name no op implements (a typo would otherwise run nothing)."""
+    if choice in ("auto", "all"):
+        return
+    known = set(registry.impl_names()) | set(registry.BUILTIN_IMPLS)
+    unknown = [c.strip() for c in choice.split(",") if c.strip() and c.strip() not in known]
+    if unknown:
+        raise pytest.UsageError(f"--tk-impl: no op has an implementation named {', '.join(unknown)} "
+                                f"(known: auto, all, {', '.join(sorted(known))})")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

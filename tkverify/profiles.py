@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 PROFILES = ("ci", "dev", "fuzz")
 
@@ -12,17 +12,19 @@ PROFILES = ("ci", "dev", "fuzz")
 # about slow or large data generation only measure the kernels; they stay off.
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
           HealthCheck.function_scoped_fixture]
+# No "explain" phase: its coverage notes point into tkverify, not into the kernel.
+_PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
 
 
 def register_profiles() -> None:
     settings.register_profile(
         "ci", max_examples=int(os.environ.get("TKVERIFY_CI_EXAMPLES", 30)), derandomize=True, deadline=None,
-        print_blob=True, database=None, suppress_health_check=_QUIET,
+        print_blob=True, database=None, suppress_health_check=_QUIET, phases=_PHASES,
     )
-    settings.register_profile("dev", max_examples=100, deadline=None, print_blob=True, suppress_health_check=_QUIET)
+    settings.register_profile("dev", max_examples=100, deadline=None, print_blob=True, suppress_health_check=_QUIET, phases=_PHASES)
     settings.register_profile(
         "fuzz", max_examples=int(os.environ.get("TKVERIFY_FUZZ_EXAMPLES", 2000)), deadline=None,
-        print_blob=True, suppress_health_check=_QUIET,
+        print_blob=True, suppress_health_check=_QUIET, phases=_PHASES,
     )
 
 
