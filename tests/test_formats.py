@@ -664,14 +664,3 @@ def test_torch_bridge_rejects_other_dtypes():
 
 def test_no_tilelang_import():
     assert "tilelang" not in sys.modules
-
-
-def test_large_arrays_are_vectorised():
-    import time
-
-    x = np.random.default_rng(RNG_SEED + 9).standard_normal(4_000_000) * 100
-    start = time.perf_counter()
-    codes = E4M3.encode(x)
-    E4M3.decode(codes)
-    E4M3.ulp_error(E4M3.decode(codes), x)
-    assert time.perf_counter() - start < 5.0  # generous: ~1 s budget on a slow CI box
