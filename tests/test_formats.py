@@ -657,10 +657,3 @@ def test_torch_bridge_rejects_other_dtypes():
         F.of_dtype(torch.int32)
     with pytest.raises(ValueError):
         F.to_tensor(np.zeros(2, np.uint8), E2M1)
-
-
-# -- hygiene ---------------------------------------------------------------------
-
-
-def test_no_tilelang_import():
-    assert "tilelang" not in sys.modules
