@@ -1,5 +1,7 @@
 """The comparison policies: what passes, what fails, and what a failure says."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -85,3 +87,120 @@ def test_nan_must_stay_nan():
 def test_histogram_buckets():
     h = distance_histogram(np.array([0, 0, 1, 2, 3, 5, 9, 300]))
     assert h == {"0": 2, "1": 1, "2": 1, "3": 1, "4-7": 1, "8-15": 1, "256+": 1}
+
+
+def test_within_policy_enforces_the_bracket_and_measures_against_the_exact_value():
+    from tkverify.policies import Bracket, within
+
+    exact = np.array([1.0625, 2.0, np.nan, 5.0, 0.3])
+    low = np.array([1.0, 2.0, np.nan, 5.0, -np.inf])  # element 0 may round either way
+    high = np.array([1.125, 2.0, np.nan, 5.0, np.inf])  # element 4 is unconstrained, NaN included
+    q = torch.tensor([1.125, 2.0, np.nan, 5.0, np.nan]).to(torch.float8_e4m3fn)
+    c = within("e4m3").compare("q", q, Bracket(exact, low, high))
+    assert c.passed and c.count == 5 and c.hist.get("1") == 1  # 1.125 is one code from the exact 1.0625's 1.0
+    q2 = torch.tensor([1.125, 2.25, np.nan, 5.0, 0.0]).to(torch.float8_e4m3fn)
+    c = within("e4m3").compare("q", q2, Bracket(exact, low, high))
+    assert not c.passed and "index (1,)" in c.message and "allowed [2, 2]" in c.message
+    q3 = torch.tensor([1.125, 2.0, 1.0, 5.0, 0.0]).to(torch.float8_e4m3fn)  # a NaN must stay NaN
+    assert not within("e4m3").compare("q", q3, Bracket(exact, low, high)).passed
+    # codes given as integers, and a shape mismatch
+    codes = np.array([0x38, 0x40], dtype=np.uint8)  # e4m3 1.0, 2.0
+    assert within("e4m3").compare("q", codes, Bracket(np.array([1.0, 2.0]), np.array([1.0, 2.0]),
+                                                      np.array([1.0, 2.0]))).passed
+    assert not within("e4m3").compare("q", codes[:1], Bracket(np.ones(2), np.ones(2), np.ones(2))).passed
+    with pytest.raises(TypeError, match="Bracket"):
+        within("e4m3").compare("q", codes, np.ones(2))
+
+
+# -- summation: error bounds of working-precision sums ------------------------------------------
+
+
+def _fp32_sum(terms: np.ndarray, order: np.ndarray) -> np.float32:
+    """terms (float64, each an fp32 product) rounded to fp32 and added in fp32 in the given order."""
+    acc = np.float32(0)
+    for i in order:
+        acc = np.float32(acc + np.float32(terms[i]))
+    return acc
+
+
+def test_gamma_and_summation_error():
+    from tkverify.policies import FP32_UNIT_ROUNDOFF as u, gamma, summation_error
+
+    assert gamma(0) == 0 and gamma(1) == u / (1 - u)
+    np.testing.assert_array_equal(gamma(np.array([2, 3])), [2 * u / (1 - 2 * u), 3 * u / (1 - 3 * u)])
+    with pytest.raises(ValueError, match="n \\* u < 1"):
+        gamma(2**24)
+    assert summation_error(5.0, 1, roundings_per_term=0) == 0  # one exact term: nothing to round
+    assert summation_error(2.0, 3) == pytest.approx(2 * gamma(3))  # 2 additions + 1 product each
+    assert summation_error(2.0, 3, roundings_per_term=2) == pytest.approx(2 * gamma(4))
+    # Per-term input error compounds with the summation's; absolute errors pass through the additions.
+    assert summation_error(1.0, 2, term_error=1e-3) == pytest.approx((1 + 1e-3) * (1 + gamma(2)) - 1)
+    assert summation_error(0.0, 4, absolute=1e-40) == pytest.approx((1 + gamma(3)) * 1e-40)
+    np.testing.assert_allclose(summation_error(np.array([1.0, 2.0]), np.array([1, 2]), roundings_per_term=0),
+                               [0.0, 2 * gamma(1)])
+
+
+def test_summation_bound_holds_for_every_order_where_terms_cancel():
+    from tkverify.policies import ErrorBound, summation, summation_error
+
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n = int(rng.integers(1, 10))
+        terms = rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, size=n))
+        if n >= 2 and trial % 2:  # two terms that cancel exactly, the rest tiny
+            terms[1] = -terms[0]
+            terms[2:] *= 2.0**-30
+        terms = terms.astype(np.float32).astype(np.float64)  # the terms as fp32 products would be
+        exact = np.array([math.fsum(terms)])
+        bound = ErrorBound(exact, summation_error(np.abs(terms).sum(), n, roundings_per_term=0), "fp32")
+        for order in (np.arange(n), np.arange(n)[::-1], rng.permutation(n)):
+            y = torch.tensor([_fp32_sum(terms, order)])
+            assert summation().compare("out", y, bound).passed, (terms, order)
+    # Where terms cancel, the result is legitimately many ULPs from the exact sum.
+    terms = np.array([2.0**25, 1.0, -(2.0**25)])
+    y = torch.tensor([_fp32_sum(terms, np.arange(3))])  # 2^25 + 1 rounds to 2^25: the 1 is lost
+    bound = ErrorBound(np.array([1.0]), summation_error(2.0**26 + 1, 3, roundings_per_term=0))
+    c = summation().compare("out", y, bound)
+    assert y.item() == 0.0 and c.passed and c.max_ulp == 2.0**23 and c.extra["max_bound_used"] <= 1
+
+
+def test_summation_fails_past_the_bound_and_says_where():
+    from tkverify.policies import ErrorBound, summation
+
+    exact = np.array([1.0, 3.0, -2.0])
+    bound = ErrorBound(exact, np.array([0.0, 2.0**-22, 0.0]), "fp32")
+    within_bound = torch.tensor([1.0, 3.0 + 2.0**-22, -2.0])
+    c = summation().compare("out", within_bound, bound)
+    assert c.passed and c.extra["max_bound_used"] == 1.0 and c.extra["max_allowed_ulp"] == 1.0  # ulp(3) = 2^-22
+    beyond = torch.tensor([1.0, 3.0 + 2.0**-21, -2.0])
+    c = summation().compare("out", beyond, bound)
+    assert not c.passed and "index (1,)" in c.message and "allowed +-" in c.message and "(1 ULP)" in c.message
+
+
+def test_summation_adds_one_rounding_to_a_narrower_output():
+    from tkverify import formats
+    from tkverify.policies import ErrorBound, Summation, summation
+
+    exact, error = np.array([1.0 + 2.0**-8]), np.array([2.0**-20])  # a bf16 tie, blurred by the sum's error
+    assert Summation().allowance(formats.FP32, exact, error) == error  # fp32 holds the fp32 accumulator
+    assert Summation().allowance(formats.BF16, exact, error) == error + 2.0**-8
+    bound = ErrorBound(exact, error, "bf16")
+    for y in (1.0, 1.0078125):  # either neighbour of the tie
+        assert summation().compare("out", torch.tensor([y], dtype=torch.bfloat16), bound).passed
+    assert not summation().compare("out", torch.tensor([1.015625], dtype=torch.bfloat16), bound).passed
+    # The output must have the format the bound is for.
+    c = summation().compare("out", torch.tensor([1.0]), bound)
+    assert not c.passed and "dtype" in c.message
+
+
+def test_summation_non_finite_and_shape():
+    from tkverify.policies import ErrorBound, summation
+
+    bound = ErrorBound(np.array([np.nan, np.inf, -np.inf, 1.0]), np.zeros(4), "fp32")
+    assert summation().compare("out", torch.tensor([np.nan, np.inf, -np.inf, 1.0]), bound).passed
+    assert not summation().compare("out", torch.tensor([0.0, np.inf, -np.inf, 1.0]), bound).passed
+    assert not summation().compare("out", torch.tensor([np.nan, np.inf, np.inf, 1.0]), bound).passed
+    assert not summation().compare("out", torch.tensor([np.nan, np.inf, -np.inf, np.nan]), bound).passed
+    assert not summation().compare("out", torch.zeros(3), bound).passed
+    with pytest.raises(TypeError, match="ErrorBound"):
+        summation().compare("out", torch.zeros(4), np.zeros(4))

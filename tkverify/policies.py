@@ -9,6 +9,15 @@
                     implementation's own scale factor, see `OpSpec.given`).
 * `relative(max)`   |actual - exact| / |exact| per element, for reductions whose
                     rounding order makes ULPs meaningless.
+* `within(fmt)`     every element inside a `Bracket` [low, high] that the op's
+                    spec computed per element (the results a working-precision
+                    implementation may legitimately give), with the statistics
+                    still measured against the exact value.
+* `summation(fmt)`  per element |y - exact| <= the error bound of a sum
+                    accumulated in a working precision (an `ErrorBound` the
+                    op's spec derives from the sum of |terms|, see
+                    `summation_error`) plus one rounding to fmt; holds where
+                    terms cancel, ULP statistics still in fmt.
 
 Every policy returns a `Comparison` carrying the statistics the report needs
 (count, exact share, max and mean ULP, a histogram of code distances) and, when
@@ -167,20 +176,16 @@ def _compare_integers(output: str, actual: np.ndarray, expected: np.ndarray, pol
 
 def _compare_codes(output: str, fmt: formats.Format, a_codes: np.ndarray, expected: np.ndarray,
                    policy: str, bound_desc: str, max_ulp: float | None, max_dist: int | None,
-                   bitwise: bool) -> Comparison:
-    """Judge codes of `fmt` against the exact float64 values `expected`."""
+                   bitwise: bool, ok: np.ndarray | None = None) -> Comparison:
+    """Judge codes of `fmt` against the exact float64 values `expected` (or by the mask `ok`)."""
     e_codes = fmt.encode(expected.astype(np.float64))
     a_val = fmt.decode(a_codes)
     err = fmt.ulp_error(a_val, expected.astype(np.float64))
     dist = fmt.code_distance(a_codes, e_codes)
     both_nan = np.isnan(a_val) & np.isnan(fmt.decode(e_codes))
     same_bits = (a_codes.astype(np.int64) == e_codes.astype(np.int64)) | both_nan
-    if bitwise:
-        ok = same_bits
-    elif max_dist is not None:
-        ok = dist <= max_dist
-    else:
-        ok = err <= max_ulp
+    if ok is None:
+        ok = same_bits if bitwise else (dist <= max_dist if max_dist is not None else err <= max_ulp)
     return _summarise(
         output, fmt.name, policy, err, dist, same_bits, ok, a_val, expected, a_codes, e_codes,
         a_codes.shape, bound_desc,
@@ -255,6 +260,54 @@ class Codes(Policy):
 
 
 @dataclasses.dataclass(frozen=True)
+class Bracket:
+    """The expected value of an output that may legitimately round either way.
+
+    ``exact``: the exact values (float64; the ULP error and code distance in the
+    report are measured against them).  ``low``, ``high``: per element, the
+    lowest and highest acceptable values (float64 values of the format).  NaN
+    in both means the element must be NaN; [-inf, inf] leaves it unconstrained,
+    NaN included.
+    """
+
+    exact: Any
+    low: Any
+    high: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Within(Policy):
+    """Every element inside the spec's `Bracket` [low, high]; statistics against the exact value.
+
+    For an output whose correct value is a rounding of something a
+    working-precision kernel can only approximate (a quantised element of a
+    fused op, a scale factor computed from such values): the spec computes the
+    range of results the declared error allows, and this policy enforces it.
+    """
+
+    fmt: str | None = None
+
+    def compare(self, output: str, actual: Any, expected: Any) -> Comparison:
+        if not isinstance(expected, Bracket):
+            raise TypeError(f"output {output!r}: the within policy needs a Bracket, got {type(expected).__name__}")
+        if tuple(actual.shape) != tuple(np.shape(expected.exact)):
+            return _shape_mismatch(output, actual.shape, np.shape(expected.exact), "within", str(self.fmt))
+        fmt = _float_format(self.fmt, actual)
+        codes = formats.codes_of(actual) if isinstance(actual, torch.Tensor) and actual.is_floating_point() \
+            else _as_numpy(actual).astype(fmt.code_dtype)
+        a = fmt.decode(codes)
+        low, high = (np.broadcast_to(np.asarray(v, dtype=np.float64), a.shape) for v in (expected.low, expected.high))
+        unconstrained = (low == -np.inf) & (high == np.inf)
+        ok = unconstrained | (np.isnan(a) & np.isnan(low)) | ((a >= low) & (a <= high))
+        comp = _compare_codes(output, fmt, codes, np.asarray(expected.exact, dtype=np.float64), "within",
+                              "within the allowed range", None, None, bitwise=False, ok=ok)
+        if not comp.passed:
+            at = tuple(comp.worst["index"])
+            comp.message += f"; allowed [{_fmt_value(low[at])}, {_fmt_value(high[at])}] there"
+        return comp
+
+
+@dataclasses.dataclass(frozen=True)
 class Relative(Policy):
     """|actual - exact| <= max * |exact| per element (NaN and inf must match exactly).
 
@@ -307,3 +360,147 @@ def codes(fmt: str, max: int = 0) -> Codes:  # noqa: A002
 
 def relative(max: float, fmt: str | None = None) -> Relative:  # noqa: A002
     return Relative(max, fmt)
+
+
+def within(fmt: str | None = None) -> Within:
+    return Within(fmt)
+
+
+# -- error bounds of sums accumulated in a working precision ---------------------------------
+#
+# A reduction's result depends on the order of its roundings, so neither bitwise
+# agreement nor a fixed ULP bound judges it: where the terms cancel, the sum is
+# tiny next to the terms and any order of fp32 additions may be many ULPs off.
+# What holds for every order is the classical bound in terms of the absolute
+# sum (Higham, "Accuracy and Stability of Numerical Algorithms", ch. 3-4):
+#
+#   |s_hat - S| <= ((1 + e_in)(1 + gamma_{n-1+r}) - 1) * sum_k |p_k| + (1 + gamma_{n-1}) * sum_k a_k
+#
+# for n terms p_k, each formed with r roundings (a product w*x: r = 1) from
+# inputs that already carry a relative error e_in, and a_k the absolute errors
+# the relative model misses (a product rounded in the subnormal range).  The
+# result is then rounded once to the output format.  `summation_error` computes
+# the first part, the `summation` policy adds the final rounding and judges
+# each element, and reports the ULPs in the output format all the same.
+
+FP32_UNIT_ROUNDOFF = 2.0**-24
+# The most a product rounded into the fp32 subnormal range is off by: half the
+# subnormal spacing 2^-149.  (Additions are exact there.)
+FP32_UNDERFLOW = 2.0**-150
+
+
+def gamma(n: Any, unit_roundoff: float = FP32_UNIT_ROUNDOFF) -> np.ndarray:
+    """Higham's gamma_n = n u / (1 - n u): |prod (1 + d_i) - 1| <= gamma_n for n roundings |d_i| <= u."""
+    nu = np.asarray(n, dtype=np.float64) * unit_roundoff
+    if np.any(nu >= 1):
+        raise ValueError(f"gamma_n needs n * u < 1, got n up to {np.max(n)} with u = {unit_roundoff:g}")
+    return nu / (1 - nu)
+
+
+def summation_error(magnitude: Any, terms: Any, *, roundings_per_term: int = 1, term_error: Any = 0.0,
+                    absolute: Any = 0.0, unit_roundoff: float = FP32_UNIT_ROUNDOFF) -> np.ndarray:
+    """Absolute error bound of a sum accumulated in a working format, before its final rounding.
+
+    magnitude           sum_k |p_k| of the exact terms, per element (float64).
+    terms               n, the number of terms summed (an int or per element);
+                        the bound holds for every summation order and tree,
+                        with or without fused multiply-adds (an FMA rounds once
+                        where a product and an addition round twice).
+    roundings_per_term  r, roundings in forming one term from the inputs
+                        (0: the terms are inputs; 1: w * x; 2: w * q * sf).
+    term_error          relative error the inputs of each term already carry
+                        (an input computed earlier in working precision).
+    absolute            sum_k a_k, absolute errors outside the relative model:
+                        a product rounded in the subnormal range (`FP32_UNDERFLOW`
+                        per product), a constant rounded to the format.
+    """
+    n = np.maximum(np.asarray(terms, dtype=np.float64) - 1, 0)
+    relative = (1 + np.asarray(term_error, dtype=np.float64)) * (1 + gamma(n + roundings_per_term, unit_roundoff)) - 1
+    return relative * np.asarray(magnitude, dtype=np.float64) + (1 + gamma(n, unit_roundoff)) * np.asarray(absolute)
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorBound:
+    """The expected value of an output computed in a working precision.
+
+    ``exact``: the exact values (float64).  ``error``: per element, the
+    absolute error the computation may add before the result is rounded to
+    the output format (see `summation_error`).  ``fmt``: the format the output
+    must have (None: the policy's, else the output's own dtype).
+    """
+
+    exact: Any
+    error: Any
+    fmt: str | None = None
+
+
+def _rounds_into(fmt: formats.Format, accumulator: formats.Format) -> bool:
+    """Whether a value of `accumulator` needs rounding to be stored in `fmt`."""
+    return not (fmt.precision >= accumulator.precision and fmt.emin <= accumulator.emin
+                and fmt.emax >= accumulator.emax)
+
+
+@dataclasses.dataclass(frozen=True)
+class Summation(Policy):
+    """Per element |y - exact| <= error + 0.5 ulp_fmt(|exact| + error), against an `ErrorBound`.
+
+    ``error`` bounds the accumulation in `accumulator` (fp32); the half ULP is
+    the one rounding of the accumulated value to the output format, left out
+    when the output format holds every value of the accumulator's (an fp32
+    sum stored as fp32).  The half ULP is taken at |exact| + error, the largest
+    magnitude the accumulated value can have (the ULP grows with magnitude).
+    An exact NaN must be NaN, an exact infinity the same infinity.
+
+    The report still measures the ULP error in the output format against the
+    exact value (where terms cancel it can be large and still within the
+    bound); ``extra`` adds the largest allowance in ULPs and the largest share
+    of the allowance used.
+    """
+
+    fmt: str | None = None
+    accumulator: str = "fp32"
+
+    def compare(self, output: str, actual: Any, expected: Any) -> Comparison:
+        if not isinstance(expected, ErrorBound):
+            raise TypeError(f"output {output!r}: the summation policy needs an ErrorBound, "
+                            f"got {type(expected).__name__}")
+        exact = np.asarray(expected.exact, dtype=np.float64)
+        if tuple(actual.shape) != exact.shape:
+            return _shape_mismatch(output, actual.shape, exact.shape, "summation", str(expected.fmt or self.fmt))
+        fmt = _float_format(expected.fmt or self.fmt, actual)
+        if isinstance(actual, torch.Tensor) and actual.is_floating_point() and formats.of_dtype(actual.dtype) != fmt:
+            return Comparison(output, fmt.name, "summation", 0, 0, math.inf, 0.0, {}, False,
+                              message=f"output {output!r}: dtype {actual.dtype}, expected a {fmt.name} output")
+        codes = formats.codes_of(actual) if isinstance(actual, torch.Tensor) else _as_numpy(actual)
+        y = fmt.decode(codes)
+        error = np.broadcast_to(np.asarray(expected.error, dtype=np.float64), exact.shape)
+        allowed = self.allowance(fmt, exact, error)
+        with np.errstate(invalid="ignore"):
+            deviation = np.abs(y - exact)
+            ok = np.where(np.isfinite(exact), np.isfinite(y) & (deviation <= allowed),
+                          (np.isnan(exact) & np.isnan(y)) | (y == exact))
+        comp = _compare_codes(output, fmt, codes, exact, "summation", "|y - exact| <= summation bound",
+                              None, None, bitwise=False, ok=ok)
+        ulp_of_exact = fmt.ulp(exact)
+        finite = np.isfinite(exact) & np.isfinite(y)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            used = np.where(deviation == 0, 0.0, deviation / allowed)
+        if exact.size:
+            comp.extra["max_allowed_ulp"] = float(np.max(np.where(finite, allowed / ulp_of_exact, 0.0)))
+            comp.extra["max_bound_used"] = float(np.max(np.where(finite, used, 0.0)))
+        if not comp.passed:
+            at = tuple(comp.worst["index"])
+            comp.message += (f"; allowed +-{_fmt_value(allowed[at])} "
+                             f"({_fmt_value(allowed[at] / ulp_of_exact[at])} ULP) there")
+        return comp
+
+    def allowance(self, fmt: formats.Format, exact: np.ndarray, error: np.ndarray) -> np.ndarray:
+        """The largest |y - exact| allowed per element: the accumulation's error and the final rounding."""
+        if not _rounds_into(fmt, formats.get(self.accumulator)):
+            return error
+        with np.errstate(invalid="ignore", over="ignore"):
+            return error + 0.5 * fmt.ulp(np.abs(exact) + error)
+
+
+def summation(fmt: str | None = None, accumulator: str = "fp32") -> Summation:
+    return Summation(fmt, accumulator)
