@@ -1,0 +1,571 @@
+"""Strategies for the quantisation family.
+
+A case is a handful of draws: the static parameters (format, block geometry,
+sf options, input dtype, H - each from a small set, since they select a
+compiled kernel), a token count, a seed, and which *block kinds* to plant in
+which blocks.  The tensor is then built with NumPy, block by block:
+
+* ``normal``: Gaussian values at a per-block scale from 2^-12 to 2^12;
+* ``wide``: magnitudes spread over 40 binades, so the small ones land in the
+  format's subnormal range or round to zero;
+* ``midpoints``, ``subnormal_midpoints``, ``top_midpoints``: the block's amax
+  is planted first, which fixes its sf (computed by the oracle's rule, plain
+  or round_sf); the other elements are rounding boundaries of the format
+  (midpoints between neighbouring codes) and representable values, times
+  that sf, rounded to the input dtype and moved by -1, 0 or +1 of its ULPs: on,
+  just below and just above every kind of tie, in the normal range, in the
+  subnormal range (e5m6's down to 2^-20 included), and at the top codes next
+  to the saturation edge (448, 6, 65024);
+* ``clamp_edge``: amax one ULP below, at, or one ULP above clamp_min, the
+  other values below it, down to subnormal inputs (the e2m1 default puts the
+  sf at the smallest normal fp32, "denormal scales");
+* ``zeros``: +-0 only;  ``outlier``: tiny values and one huge one (up to the
+  dtype's largest);  ``nonfinite``: NaN, +inf or -inf among normal values;
+* ``pow2_amax``: amax = max_q * 2^k exactly, or one input ULP either side
+  (round_sf switches power there);  ``huge``: values near the dtype's max.
+
+Pinned special values (NaN, +-inf, +-0, the dtype's max and smallest
+subnormal, clamp_min and its neighbours) land at drawn positions last, so that
+a failure can shrink to one of them.
+
+Token counts are dynamic (0, 1, small odd, tile tails, rarely a few hundred);
+the element count of a case stays below `MAX_ELEMENTS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
+
+import references.quant as ref
+from strategies import rarely, seeds, tensor_from_bits, torch_copy
+from tkverify import formats
+from tkverify.case import Case
+
+FORMATS = ("e4m3", "e2m1", "e5m6")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+HIDDEN_SIZES = (32, 64, 96, 128, 256, 320, 512)  # 96 and 320: not multiples of a 128-wide tile
+LARGE_HIDDEN = 7168
+TOKEN_BLOCKS = (16, 32, 64, 128)
+PER_BLOCK_SIZES = ((128, 128), (32, 32))
+CHANNEL_BLOCKS = (16, 32, 64, 128)
+TOKEN_TAILS = (15, 17, 31, 33, 63, 65, 127, 129)
+MAX_ELEMENTS = 1 << 16
+# (round_sf, use_ue8m0, use_packed_ue8m0): every combination the contract allows.
+SF_MODES = ((False, False, False), (True, False, False), (True, True, False), (True, True, True))
+# Non-default clamp_min values per format (the default is drawn most of the time).
+OTHER_CLAMP_MINS = {"e4m3": (1e-6, 0.5), "e2m1": (1e-30, 1e-3), "e5m6": (1e-8, 0.25)}
+SWIGLU_CLAMPS = (None, 0.5, 7.0, 10.0)
+
+_DTYPE_FORMAT = {"bf16": formats.BF16, "fp32": formats.FP32}
+_BITS_STEP = {"bf16": 1 << 16, "fp32": 1}  # one ULP of the dtype, in fp32 bit patterns
+
+
+# -- values of the input dtype ------------------------------------------------------
+
+
+def round_to_dtype(v: np.ndarray, dtype: str) -> np.ndarray:
+    """float64 values rounded (RNE) to the dtype, as float64."""
+    f = _DTYPE_FORMAT[dtype]
+    return f.decode(f.encode(v))
+
+
+def step_ulps(v: np.ndarray, steps: np.ndarray, dtype: str) -> np.ndarray:
+    """Values of the dtype moved by `steps` representable values (towards +inf for steps > 0)."""
+    bits = np.asarray(v, dtype=np.float32).view(np.int32).astype(np.int64)
+    # A monotone integer line: non-negative floats keep their bits, negative ones mirror.
+    line = np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+    line = line + np.asarray(steps, dtype=np.int64) * _BITS_STEP[dtype]
+    back = np.where(line < 0, (-line) | (1 << 31), line).astype(np.uint32)
+    return back.view(np.float32).astype(np.float64)
+
+
+def dtype_max(dtype: str) -> float:
+    return _DTYPE_FORMAT[dtype].max_finite
+
+
+def dtype_min_subnormal(dtype: str) -> float:
+    return _DTYPE_FORMAT[dtype].min_subnormal
+
+
+def format_values(fmt: str) -> np.ndarray:
+    """Every finite non-negative value of the element format, ascending."""
+    f = formats.get(fmt)
+    values = f.decode(f.all_codes())
+    return np.unique(values[np.isfinite(values) & (values >= 0)])
+
+
+def rounding_targets(fmt: str, part: str) -> np.ndarray:
+    """Values and midpoints of the format (as multiples of sf) in a part of its range.
+
+    part: "any", "subnormal" (below the smallest normal, including the tie
+    between 0 and the smallest subnormal), or "top" (the two top binades, the
+    saturation edge max_q included).
+    """
+    values = format_values(fmt)
+    midpoints = (values[:-1] + values[1:]) / 2
+    targets = np.unique(np.concatenate([values, midpoints]))
+    f = formats.get(fmt)
+    smallest_normal = 2.0**f.emin
+    if part == "subnormal":
+        return targets[targets <= smallest_normal]
+    if part == "top":
+        return targets[targets >= values[-1] / 4]
+    return targets
+
+
+# -- block kinds: (rng, blocks (m, n) float64, ctx) -> None, filling in place ---------------
+
+
+@dataclass
+class BlockContext:
+    fmt: str
+    dtype: str
+    round_sf: bool
+    clamp_min: float  # the fp32 value in force
+
+    @property
+    def max_q(self) -> float:
+        return ref.MAX_Q[self.fmt]
+
+    def scale_of(self, amax: np.ndarray) -> np.ndarray:
+        """The stored sf the oracle gives a block whose amax is `amax` (clamped here)."""
+        a = np.maximum(amax, self.clamp_min)
+        return ref.stored_scales(ref.scale_from_amax(a, self.fmt, self.round_sf))
+
+
+def _random_signs(rng: np.random.Generator, shape) -> np.ndarray:
+    return np.where(rng.random(shape) < 0.5, -1.0, 1.0)
+
+
+def _block_scales(rng: np.random.Generator, m: int, low: int = -12, high: int = 12) -> np.ndarray:
+    return np.exp2(rng.uniform(low, high, size=(m, 1)))
+
+
+def _plant(rng: np.random.Generator, blocks: np.ndarray, values: np.ndarray) -> None:
+    """Put values[i] at a random position of block i."""
+    m, n = blocks.shape
+    blocks[np.arange(m), rng.integers(0, n, size=m)] = values
+
+
+def _normal(rng, blocks, ctx) -> None:
+    blocks[:] = round_to_dtype(rng.standard_normal(blocks.shape) * _block_scales(rng, len(blocks)), ctx.dtype)
+
+
+def _wide(rng, blocks, ctx) -> None:
+    top = rng.uniform(-10, 10, size=(len(blocks), 1))
+    exponents = top - rng.uniform(0, 40, size=blocks.shape)
+    blocks[:] = round_to_dtype(_random_signs(rng, blocks.shape) * np.exp2(exponents), ctx.dtype)
+
+
+def _planted_amax(rng, m: int, ctx) -> np.ndarray:
+    """Positive amax values of the dtype, one per block, at least clamp_min (the sf is then set by them)."""
+    amax = round_to_dtype(np.exp2(rng.uniform(-10, 10, size=m)) * rng.uniform(1, 2, size=m), ctx.dtype)
+    return np.maximum(amax, round_to_dtype(np.array(ctx.clamp_min), ctx.dtype) * 2)
+
+
+def _targets_at_scale(part: str):
+    def fill(rng, blocks, ctx) -> None:
+        m, n = blocks.shape
+        amax = _planted_amax(rng, m, ctx)
+        sf = ctx.scale_of(amax)[:, None]
+        targets = rounding_targets(ctx.fmt, part)
+        picked = targets[rng.integers(0, len(targets), size=(m, n))]
+        values = round_to_dtype(picked * sf, ctx.dtype)
+        values = step_ulps(values, rng.integers(-1, 2, size=(m, n)), ctx.dtype)  # on, below, above
+        values = np.minimum(values, amax[:, None]) * _random_signs(rng, (m, n))
+        blocks[:] = values
+        _plant(rng, blocks, amax * _random_signs(rng, m))
+    return fill
+
+
+def _clamp_edge(rng, blocks, ctx) -> None:
+    m, n = blocks.shape
+    at = round_to_dtype(np.array([ctx.clamp_min]), ctx.dtype)
+    amax = step_ulps(np.repeat(at, m), rng.integers(-1, 2, size=m), ctx.dtype)
+    fractions = rng.random((m, n))
+    values = round_to_dtype(fractions * amax[:, None], ctx.dtype)
+    subnormal = rng.random((m, n)) < 0.25
+    # Any subnormal of the dtype: the top ones are what an e2m1 sf of 2^-126 turns into 0.5 and 1.
+    tiny = rng.integers(1, 1 << _DTYPE_FORMAT[ctx.dtype].mbits, size=(m, n)) * dtype_min_subnormal(ctx.dtype)
+    blocks[:] = np.where(subnormal, tiny, values) * _random_signs(rng, (m, n))
+    _plant(rng, blocks, amax * _random_signs(rng, m))
+
+
+def _zeros(rng, blocks, ctx) -> None:
+    blocks[:] = np.where(rng.random(blocks.shape) < 0.5, -0.0, 0.0)
+
+
+def _outlier(rng, blocks, ctx) -> None:
+    m, n = blocks.shape
+    blocks[:] = round_to_dtype(rng.standard_normal((m, n)) * _block_scales(rng, m, -30, -10), ctx.dtype)
+    huge = np.where(rng.random(m) < 0.25, dtype_max(ctx.dtype), np.exp2(rng.uniform(10, 60, size=m)))
+    _plant(rng, blocks, round_to_dtype(huge, ctx.dtype) * _random_signs(rng, m))
+
+
+def _nonfinite(rng, blocks, ctx) -> None:
+    _normal(rng, blocks, ctx)
+    specials = np.array([np.nan, np.inf, -np.inf])
+    for _ in range(int(rng.integers(1, 4))):
+        _plant(rng, blocks, specials[rng.integers(0, 3, size=len(blocks))])
+
+
+def _pow2_amax(rng, blocks, ctx) -> None:
+    m, n = blocks.shape
+    low = int(np.ceil(np.log2(ctx.clamp_min / ctx.max_q))) + 1
+    k = rng.integers(max(low, -30), 30, size=m)
+    amax = step_ulps(ctx.max_q * np.exp2(k.astype(np.float64)), rng.integers(-1, 2, size=m), ctx.dtype)
+    values = round_to_dtype(rng.uniform(-1, 1, size=(m, n)) * amax[:, None], ctx.dtype)
+    blocks[:] = values
+    _plant(rng, blocks, amax * _random_signs(rng, m))
+
+
+def _huge(rng, blocks, ctx) -> None:
+    top = dtype_max(ctx.dtype)
+    blocks[:] = round_to_dtype(rng.uniform(-1, 1, size=blocks.shape) * top, ctx.dtype)
+    _plant(rng, blocks, step_ulps(np.full(len(blocks), top), -rng.integers(0, 2, size=len(blocks)), ctx.dtype))
+
+
+BLOCK_KINDS: dict[str, Callable[[np.random.Generator, np.ndarray, BlockContext], None]] = {
+    "normal": _normal,
+    "wide": _wide,
+    "midpoints": _targets_at_scale("any"),
+    "subnormal_midpoints": _targets_at_scale("subnormal"),
+    "top_midpoints": _targets_at_scale("top"),
+    "clamp_edge": _clamp_edge,
+    "zeros": _zeros,
+    "outlier": _outlier,
+    "nonfinite": _nonfinite,
+    "pow2_amax": _pow2_amax,
+    "huge": _huge,
+}
+SPREADS = ("one", "some", "all")
+
+
+def _chosen_blocks(rng: np.random.Generator, count: int, spread: str) -> np.ndarray:
+    if count == 0 or spread == "all":
+        return np.arange(count)
+    if spread == "some":
+        some = np.flatnonzero(rng.random(count) < 0.3)
+        if some.size:
+            return some
+    return rng.integers(0, count, size=1)
+
+
+def _as_blocks(x: np.ndarray, block: tuple[int, int]) -> np.ndarray:
+    """(T, H) padded to whole blocks, as (blocks, bm * bk)."""
+    bm, bk = block
+    num_rows, hidden = x.shape
+    rows, cols = -(-num_rows // bm), hidden // bk
+    padded = np.zeros((rows * bm, hidden))
+    padded[:num_rows] = x
+    return padded.reshape(rows, bm, cols, bk).transpose(0, 2, 1, 3).reshape(rows * cols, bm * bk)
+
+
+def _from_blocks(blocks: np.ndarray, shape: tuple[int, int], block: tuple[int, int]) -> np.ndarray:
+    bm, bk = block
+    num_rows, hidden = shape
+    rows, cols = -(-num_rows // bm), hidden // bk
+    full = blocks.reshape(rows, cols, bm, bk).transpose(0, 2, 1, 3).reshape(rows * bm, hidden)
+    return full[:num_rows]
+
+
+def special_values(ctx: BlockContext) -> np.ndarray:
+    cm = round_to_dtype(np.array([ctx.clamp_min]), ctx.dtype)[0]
+    return np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, dtype_max(ctx.dtype), -dtype_max(ctx.dtype),
+                     dtype_min_subnormal(ctx.dtype), cm, *step_ulps(np.array([cm, cm]), np.array([-1, 1]),
+                                                                    ctx.dtype)])
+
+
+def build_values(seed: int, shape: tuple[int, int], block: tuple[int, int], ctx: BlockContext,
+                 kinds: dict[str, str], pinned: list[tuple[int, int, int]]) -> np.ndarray:
+    """The (T, H) float64 values (all representable in ctx.dtype) a drawn recipe describes."""
+    rng = np.random.default_rng(seed)
+    blocks = _as_blocks(np.zeros(shape), block)
+    _normal(rng, blocks, ctx)
+    for name, fill in BLOCK_KINDS.items():  # a fixed order, whatever order they were drawn in
+        if name in kinds:
+            chosen = _chosen_blocks(rng, len(blocks), kinds[name])
+            part = blocks[chosen]
+            fill(rng, part, ctx)
+            blocks[chosen] = part
+    x = _from_blocks(blocks, shape, block)
+    specials = special_values(ctx)
+    for row, col, which in pinned:
+        x[row, col] = specials[which]
+    return x
+
+
+def to_input_tensor(x: np.ndarray, dtype: str) -> torch.Tensor:
+    """The CPU tensor of the dtype holding x (whose values it represents exactly)."""
+    if dtype == "fp32":
+        return torch_copy(x.astype(np.float32))
+    return tensor_from_bits(formats.BF16.encode(x), torch.bfloat16)
+
+
+# -- drawing cases -----------------------------------------------------------------------
+
+
+def token_counts(hidden: int, block_rows: int = 1) -> SearchStrategy[int]:
+    """T: 0, 1, small, odd, tile tails, rarely a few hundred; within MAX_ELEMENTS."""
+    cap = max(1, MAX_ELEMENTS // hidden)
+    common = st.one_of(st.sampled_from((0, 1)), st.integers(2, 9), st.sampled_from(TOKEN_TAILS))
+    larger = st.integers(130, 600).map(lambda n: 2 * (n // 2) + 1)
+    if block_rows > 1:
+        common = st.one_of(common, st.sampled_from((block_rows - 1, block_rows, block_rows + 1)))
+    return rarely(common, larger, one_in=10).map(lambda t: min(t, cap))
+
+
+def hidden_sizes() -> SearchStrategy[int]:
+    return rarely(st.sampled_from(HIDDEN_SIZES), st.just(LARGE_HIDDEN), one_in=20)
+
+
+@st.composite
+def sf_options(draw, fmt: str) -> dict:
+    round_sf, use_ue8m0, use_packed = draw(st.sampled_from(SF_MODES))
+    clamp_min = draw(rarely(st.none(), st.sampled_from(OTHER_CLAMP_MINS[fmt]), one_in=8))
+    return {
+        "round_sf": round_sf,
+        "use_ue8m0": use_ue8m0,
+        "use_packed_ue8m0": use_packed,
+        "use_tma_aligned_col_major_sf": draw(st.booleans()),
+        "clamp_min": clamp_min,
+    }
+
+
+@st.composite
+def _values(draw, shape: tuple[int, int], block: tuple[int, int], fmt: str, dtype: str, round_sf: bool,
+            clamp_min: float | None) -> np.ndarray:
+    ctx = BlockContext(fmt, dtype, round_sf, ref.clamp_min_value(fmt, clamp_min))
+    kinds = draw(st.dictionaries(st.sampled_from(tuple(BLOCK_KINDS)), st.sampled_from(SPREADS), max_size=4))
+    num_rows, hidden = shape
+    pinned = []
+    if num_rows:
+        placement = st.tuples(st.integers(0, num_rows - 1), st.integers(0, hidden - 1),
+                              st.integers(0, len(special_values(ctx)) - 1))
+        pinned = draw(st.lists(placement, max_size=3))
+    return build_values(draw(seeds()), shape, block, ctx, kinds, pinned)
+
+
+def _num_per_channels(fmt: str, hidden: int) -> SearchStrategy[int]:
+    if fmt == "e5m6":
+        return st.just(hidden)
+    return st.sampled_from([n for n in (*TOKEN_BLOCKS, hidden) if hidden % n == 0])
+
+
+@st.composite
+def per_token_cast_cases(draw) -> Case:
+    """Cases of per_token_cast (and of per_token_cast_with_sf_only: the same parameters)."""
+    fmt = draw(st.sampled_from(FORMATS))
+    dtype = draw(st.sampled_from(tuple(DTYPES)))
+    hidden = draw(hidden_sizes())
+    npc = draw(_num_per_channels(fmt, hidden))
+    options = draw(sf_options(fmt))
+    num_rows = draw(token_counts(hidden))
+    x = draw(_values((num_rows, hidden), (1, npc), fmt, dtype, options["round_sf"], options["clamp_min"]))
+    return Case(params={"fmt": fmt, "num_per_channels": npc, **options},
+                inputs={"x": to_input_tensor(x, dtype)})
+
+
+@st.composite
+def per_block_cast_cases(draw) -> Case:
+    fmt = draw(st.sampled_from(("e4m3", "e2m1")))
+    dtype = draw(st.sampled_from(tuple(DTYPES)))
+    bm, bk = draw(st.sampled_from(PER_BLOCK_SIZES))
+    hidden = draw(st.sampled_from([h for h in (*HIDDEN_SIZES, 384) if h % bk == 0]))
+    options = draw(sf_options(fmt))
+    num_rows = draw(token_counts(hidden, bm))
+    x = draw(_values((num_rows, hidden), (bm, bk), fmt, dtype, options["round_sf"], options["clamp_min"]))
+    return Case(params={"fmt": fmt, "block": [bm, bk], **options}, inputs={"x": to_input_tensor(x, dtype)})
+
+
+@st.composite
+def per_channel_cast_cases(draw) -> Case:
+    fmt = draw(st.sampled_from(("e4m3", "e2m1")))
+    dtype = draw(st.sampled_from(tuple(DTYPES)))
+    npt = draw(st.sampled_from(CHANNEL_BLOCKS))
+    hidden = draw(st.sampled_from((2, 6, 32, 66, 128, 256)))
+    options = draw(sf_options(fmt))
+    num_rows = draw(token_counts(hidden, npt))
+    x = draw(_values((num_rows, hidden), (npt, 1), fmt, dtype, options["round_sf"], options["clamp_min"]))
+    return Case(params={"fmt": fmt, "num_per_tokens": npt, **options}, inputs={"x": to_input_tensor(x, dtype)})
+
+
+# -- precomputed sf ----------------------------------------------------------------------
+
+# Factors t: the block's sf is replaced by amax / t, so its amax lands on t
+# (as a multiple of sf): at max_q, at the midpoint past it (464, 7, 65280),
+# just either side of those, far past it (saturation), or well inside.
+def _saturation_targets(fmt: str) -> np.ndarray:
+    top = ref.MAX_Q[fmt]
+    past = {"e4m3": 464.0, "e2m1": 7.0, "e5m6": 65280.0}[fmt]
+    return np.array([top, past, past * (1 - 2.0**-20), past * (1 + 2.0**-20), top * (1 + 2.0**-22), 2 * top,
+                     1e6 * top, top / 3])
+
+
+SF_SPECIALS = (0.0, np.inf, np.nan, 2.0**-149, 2.0**-127, 2.0**127)
+
+
+@st.composite
+def precomputed_sf_cases(draw) -> Case:
+    """Cases of per_token_cast_with_precomputed_sf: x, and an sf that is the oracle's,
+    or one moved so that amax / sf hits the saturation edges, or a special value."""
+    case = draw(per_token_cast_cases())
+    params, x = case.params, case.inputs["x"]
+    fmt, npc = params["fmt"], params["num_per_channels"]
+    x64 = ref.as_float64(x)
+    exact = ref.exact_scales(x64, fmt, (1, npc), params["round_sf"], params["clamp_min"])
+    sf = ref.stored_scales(exact)
+    rng = np.random.default_rng(draw(seeds()))
+    if draw(st.booleans()) and sf.size:  # move some blocks' sf towards saturation
+        amax = np.maximum(ref.block_amax(x64, (1, npc)), ref.clamp_min_value(fmt, params["clamp_min"]))
+        moved = rng.random(sf.shape) < 0.5
+        targets = _saturation_targets(fmt)[rng.integers(0, 8, size=sf.shape)]
+        with np.errstate(invalid="ignore"):
+            new = amax / targets
+        if params["round_sf"]:
+            new = ref.power_of_two_at_least(new, 1.0, new)
+        sf = np.where(moved & np.isfinite(new), ref.stored_scales(new), sf)
+    if draw(rarely(st.just(False), st.just(True), one_in=5)) and sf.size:  # special values
+        specials = np.array(SF_SPECIALS if not params["use_ue8m0"] else (np.nan, 2.0**-127, 2.0**127))
+        hit = rng.random(sf.shape) < 0.3
+        sf = np.where(hit, specials[rng.integers(0, len(specials), size=sf.shape)], sf)
+    stored = ref.store_sf(sf, use_ue8m0=params["use_ue8m0"], use_packed_ue8m0=params["use_packed_ue8m0"])
+    return Case(params={"fmt": fmt, "num_per_channels": npc}, inputs={"x": x, "sf": stored})
+
+
+# -- cast_back -----------------------------------------------------------------------------
+
+
+def _random_codes(rng: np.random.Generator, shape: tuple[int, int], fmt: str) -> np.ndarray:
+    f = formats.get(fmt)
+    codes = rng.integers(0, 1 << f.bits, size=shape).astype(f.code_dtype)
+    # Salt with zeros, the largest and smallest magnitudes, NaN and inf codes.
+    values = format_values(fmt)
+    salt = np.array([0.0, values[1], values[-1], -values[-1], -0.0])
+    salted = rng.random(shape) < 0.2
+    codes[salted] = f.encode(salt[rng.integers(0, len(salt), size=shape)])[salted]
+    return codes
+
+
+def _random_sf(rng: np.random.Generator, shape: tuple[int, int], kind: str) -> np.ndarray:
+    """sf values: "plain" random fp32 over a wide range; "pow2"; "ties" - values on and
+    one fp32 ULP off bf16 rounding midpoints (so q * sf tests bf16 ties and double rounding)."""
+    if kind == "pow2":
+        return np.exp2(rng.integers(-127, 128, size=shape).astype(np.float64))
+    if kind == "ties":
+        mantissa = 1 + (2 * rng.integers(0, 128, size=shape) + 1) * 2.0**-8  # a bf16 midpoint
+        nudge = rng.integers(-1, 2, size=shape) * 2.0**-23
+        return np.exp2(rng.integers(-30, 30, size=shape).astype(np.float64)) * (mantissa + nudge)
+    return np.float32(np.exp2(rng.uniform(-60, 60, size=shape))).astype(np.float64)
+
+
+@st.composite
+def cast_back_cases(draw) -> Case:
+    fmt = draw(st.sampled_from(FORMATS))
+    geometry = draw(st.sampled_from(("token", "block", "channel") if fmt != "e5m6" else ("token",)))
+    hidden = draw(hidden_sizes()) if geometry != "channel" else draw(st.sampled_from((2, 6, 32, 128)))
+    if geometry == "token":
+        block = (1, draw(_num_per_channels(fmt, hidden)))
+    elif geometry == "block":
+        block = draw(st.sampled_from(PER_BLOCK_SIZES))
+        hidden = draw(st.sampled_from([h for h in (*HIDDEN_SIZES, 384) if h % block[1] == 0]))
+    else:
+        block = (draw(st.sampled_from(CHANNEL_BLOCKS)), 1)
+    num_rows = draw(token_counts(hidden, block[0]))
+    storage = draw(st.sampled_from(("fp32", "ue8m0", "packed")))
+    sf_kind = "pow2" if storage != "fp32" else draw(st.sampled_from(("plain", "pow2", "ties")))
+    rng = np.random.default_rng(draw(seeds()))
+    codes = _random_codes(rng, (num_rows, hidden), fmt)
+    rows, cols = ref.sf_grid(num_rows, hidden, block)
+    sf = _random_sf(rng, (rows, cols), sf_kind)
+    if draw(rarely(st.just(False), st.just(True), one_in=5)) and sf.size:
+        specials = np.array(SF_SPECIALS if storage == "fp32" else (np.nan, 2.0**-127, 2.0**127))
+        hit = rng.random(sf.shape) < 0.3
+        sf = np.where(hit, specials[rng.integers(0, len(specials), size=sf.shape)], sf)
+    stored = ref.store_sf(sf, use_ue8m0=storage != "fp32", use_packed_ue8m0=storage == "packed")
+    out_dtype = draw(st.sampled_from(("bf16", "fp32")))
+    return Case(params={"fmt": fmt, "block": list(block), "out_dtype": out_dtype},
+                inputs={"data": ref.pack_data(codes, fmt), "sf": stored})
+
+
+# -- swiglu -----------------------------------------------------------------------------------
+
+SWIGLU_FEATURES = ("at_clamp", "very_negative_l", "nonfinite", "zeros", "subnormal", "huge", "zero_weights")
+
+
+def _near(rng: np.random.Generator, value: float, shape, dtype: str) -> np.ndarray:
+    """value (rounded to the dtype) and its neighbours, with random signs."""
+    base = round_to_dtype(np.full(shape, value), dtype)
+    return step_ulps(base, rng.integers(-1, 2, size=shape), dtype) * _random_signs(rng, shape)
+
+
+def build_swiglu_x(seed: int, num_rows: int, hidden: int, dtype: str, clamp: float | None,
+                   features: dict[str, str]) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((num_rows, 2 * hidden)) * np.exp2(rng.uniform(-6, 6, size=(num_rows, 1)))
+    x = round_to_dtype(x, dtype)
+    for name in SWIGLU_FEATURES:
+        if name not in features or not num_rows:
+            continue
+        rows = _chosen_blocks(rng, num_rows, features[name])
+        part = x[rows]
+        mask = rng.random(part.shape) < 0.3
+        if name == "at_clamp" and clamp is not None:
+            part[mask] = _near(rng, clamp, part.shape, dtype)[mask]
+        elif name == "very_negative_l":  # sigmoid underflows in fp32
+            left = np.zeros(part.shape, bool)
+            left[:, :hidden] = mask[:, :hidden]
+            part[left] = -round_to_dtype(rng.uniform(80, 120, size=part.shape), dtype)[left]
+            part[:, hidden:] *= np.exp2(rng.uniform(0, 120))
+            part[:] = round_to_dtype(part, dtype)
+        elif name == "nonfinite":
+            one = np.zeros(part.shape, bool)
+            one[np.arange(len(part)), rng.integers(0, 2 * hidden, size=len(part))] = True
+            part[one] = np.array([np.nan, np.inf, -np.inf])[rng.integers(0, 3, size=int(one.sum()))]
+        elif name == "zeros":
+            part[mask] = 0.0
+        elif name == "subnormal":
+            part[mask] = (rng.integers(1, 1 << 7, size=part.shape) * dtype_min_subnormal(dtype))[mask]
+        elif name == "huge":
+            part[mask] = round_to_dtype(rng.uniform(-1, 1, size=part.shape) * dtype_max(dtype) / 4, dtype)[mask]
+        x[rows] = part
+    return x
+
+
+@st.composite
+def swiglu_cases(draw) -> Case:
+    fmt = draw(rarely(st.just("e4m3"), st.sampled_from(("e2m1", "e5m6")), one_in=4))
+    dtype = draw(st.sampled_from(tuple(DTYPES)))
+    hidden = draw(st.sampled_from((32, 64, 96, 128, 256)))
+    npc = draw(_num_per_channels(fmt, hidden))
+    options = draw(sf_options(fmt))
+    num_rows = draw(token_counts(2 * hidden))
+    clamp = draw(st.sampled_from(SWIGLU_CLAMPS))
+    features = draw(st.dictionaries(st.sampled_from(SWIGLU_FEATURES), st.sampled_from(SPREADS), max_size=3))
+    seed = draw(seeds())
+    x = build_swiglu_x(seed, num_rows, hidden, dtype, clamp, features)
+    inputs = {"x": to_input_tensor(x, dtype)}
+    rng = np.random.default_rng(seed + 1)
+    weighting = draw(st.sampled_from(("none", "index_only", "weights")))
+    if weighting != "none":
+        k = draw(st.sampled_from((1, 2, 8)))
+        padding = rng.random(num_rows) < draw(st.sampled_from((0.0, 0.25, 1.0)))
+        tokens = -(-num_rows // k) + 1
+        slots = rng.permutation(tokens * k)[:num_rows]
+        inputs["pos_to_token_topk"] = torch_copy(np.where(padding, -1, slots).astype(np.int32))
+        if weighting == "weights":
+            w = rng.uniform(0, 2, size=(tokens, k)).astype(np.float32)
+            if "zero_weights" in features:
+                w[rng.random(w.shape) < 0.3] = 0.0
+            inputs["topk_weights"] = torch_copy(w)
+    counter = draw(st.sampled_from(("none", "zero", "near_int32", "large")))
+    if counter != "none":
+        start = {"zero": (0, 0, 0), "near_int32": (2**31 - 2, 2**32 - 1, 2**31), "large": (2**40, 2**53 + 1, 7)}
+        inputs["clamped_count"] = torch.tensor(start[counter], dtype=torch.int64)
+    return Case(params={"fmt": fmt, "num_per_channels": npc, "clamp": clamp, **options}, inputs=inputs)
