@@ -1,10 +1,97 @@
-"""MoE routing ops."""
+"""MoE routing ops (OPS.md "moe"): topk_gate and the routing chain
+group_count -> fused_mapping -> expand_to_fused -> (experts) -> reduce_fused,
+with normalize_weight for the weights.  Signatures and conventions: the
+docstring of kernels/torch/moe.py.
 
+Decisions where OPS.md is silent
+--------------------------------
+* N: fused_mapping returns exactly sized outputs and N as a python int.  It
+  needs N on the host to allocate them, so it syncs once (and checks in the
+  same read-back that no entry is >= num_experts, ValueError otherwise); every
+  consumer of N (the grouped GEMM's activations, expand_to_fused's output)
+  needs it on the host anyway.  expand_to_fused and reduce_fused never sync.
+  An N of another type (a tensor) fails the check `HostInt`.
+* Duplicates: a topk_idx row may name an expert twice.  Each (token, slot)
+  pair is its own row, so the token is expanded twice into that expert's
+  segment (in slot order) and reduce adds both terms.  Drawn by the
+  strategies' "repeated_expert" feature and judged like any routing.
+* Masking: every negative entry is dropped (not only -1); rows of masked
+  slots get token_topk_to_pos -1.  group_count counts the entries equal to
+  each g in [0, num_groups): negative ones and ones >= num_groups count
+  nowhere (a kernel cannot reject them without a sync).
+* Padding: every segment starts at a multiple of `alignment`; padding rows
+  hold -1 in pos_to_token and pos_to_token_topk, zero bits in the expanded x
+  and its sf.  An empty expert has expert_start == expert_end and no padding.
+  expert_end is the end of the real rows (the padded end is the next
+  expert's start, or N).
+* Positions outside [0, N) other than -1 are skipped by expand and reduce
+  (a kernel guards its accesses); the strategies never draw them.
+* sf layout of expand_to_fused: out_sf takes x_sf's dtype and layout
+  (row-major contiguous, or TMA-aligned column-major padded for N rows);
+  the layout is judged along with the bits (`StoredBitwise`).
+* reduce_fused output dtype: bf16 for bf16 and e4m3 x, fp32 for fp32 x.
+  normalize_weight's weights may be negative (nothing checks); the
+  strategies draw non-negative ones (and -0.0), as routers give.
+
+How the sums are judged (policies.summation, per element)
+---------------------------------------------------------
+u = 2^-24, gamma_n = n u / (1 - n u).
+
+reduce_fused.  The terms p_k = w_k * x[pos] (bf16 or fp32 x: r = 1 product)
+or w_k * q[pos] * sf[pos] (e4m3: r = 2) are exact in float64 (at most 52
+significant bits), and the exact sum S comes from a compensated float64 sum.
+An fp32 implementation forms p_hat_k = p_k (1 + e_k) + a_k with |e_k| <=
+gamma_r, and a_k <= 2^-150 (r = 1), 2^-150 (1 + 2 max|factor|) (r = 2) for
+products rounded in the subnormal range; it adds the n <= K valid terms in
+any order (slot order is the contract, the bound does not need it; an FMA
+rounds once where a product and a sum round twice):
+    s_hat = sum_k p_hat_k (1 + t_k),  |t_k| <= gamma_{n-1}, so
+    |s_hat - S| <= e := gamma_{n-1+r} sum_k |p_k| + (1 + gamma_{n-1}) sum_k a_k.
+The one rounding to bf16 adds at most 0.5 ulp_bf16(s_hat) <= 0.5
+ulp_bf16(|S| + e) (none for an fp32 output).  Each element must satisfy
+    |y - S| <= e + 0.5 ulp_out(|S| + e).
+Without cancellation (sum|p| ~ |S|) e is at most (K + 1) fp32 ULPs of S: a
+bf16 result is the correctly rounded one, or its neighbour only where S lies
+within e of a rounding boundary.  Where terms cancel, e is set by sum|p|
+while S is tiny, and the ULP error in the report (against S, in the output
+format) can be large and legitimate.  Empty slots contribute nothing: a
+token without a valid slot must give exactly 0.  NaN and infinity follow
+IEEE arithmetic on the exact terms (S NaN -> y NaN; S +-inf -> y the same).
+
+normalize_weight.  denom = 1e-20 + sum_k w_k: n = K + 1 terms, exact inputs
+(r = 0), the constant rounded to fp32 (absolute u * 1e-20):
+    |denom_hat - D| <= gamma_K (sum_k |w_k| + 1e-20) + (1 + gamma_K) u 1e-20,
+fp32 output, no further rounding.  The weights are judged given the
+implementation's own denom d (as quant judges data given its sf): against
+w / d exactly, within gamma_2 |w / d| + 2^-150 - one IEEE division (0.5 ULP)
+or a reciprocal and a product (two roundings) both fit; a weight computed
+with another denominator than the one returned (say sum_k w without the
+1e-20) fails on rows whose sum is far below 1e-20 ("tiny_rows").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from typing import Any, Callable
+
+import numpy as np
 import torch
 
 import references.moe
+import references.quant
 import strategies.moe
-from tkverify.policies import bitwise
+from tkverify.policies import (
+    FP32_UNDERFLOW,
+    FP32_UNIT_ROUNDOFF,
+    Comparison,
+    ErrorBound,
+    Policy,
+    bitwise,
+    summation,
+    summation_error,
+)
 from tkverify.registry import OpSpec, register, tilelang_impl, torch_impl
 
 register(OpSpec(
@@ -17,4 +104,223 @@ register(OpSpec(
         "tilelang": tilelang_impl("kernels.moe:topk_gate"),
     },
     doc="Indices of the k largest scores per row: torch.sort(descending, stable) order, NaN first.",
+))
+
+
+# -- judging the routing chain's outputs ----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HostInt(Policy):
+    """A python int (not a tensor, not a bool) equal to the expected one."""
+
+    def compare(self, output: str, actual: Any, expected: Any) -> Comparison:
+        if isinstance(actual, bool) or not isinstance(actual, int):
+            return Comparison(output, "int", "host_int", 0, 0, math.inf, 0.0, {}, False,
+                              message=f"output {output!r}: expected a python int, got {type(actual).__name__}")
+        return bitwise().compare(output, np.array(actual, dtype=np.int64), np.array(expected, dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """Expected bits (a CPU tensor of the dtype the output must have) and the layout they must be stored in."""
+
+    values: torch.Tensor
+    column_major: bool = False  # TMA-aligned column-major; else row-major contiguous
+
+
+def _layout_problem(actual: Any, expected: Stored) -> str | None:
+    if not isinstance(actual, torch.Tensor):
+        return f"expected a tensor, got {type(actual).__name__}"
+    if actual.dtype != expected.values.dtype:
+        return f"dtype {actual.dtype}, expected {expected.values.dtype}"
+    if tuple(actual.shape) != tuple(expected.values.shape):
+        return f"shape {tuple(actual.shape)}, expected {tuple(expected.values.shape)}"
+    rows, cols = actual.shape
+    if actual.numel() == 0:
+        return None
+    if expected.column_major:
+        padded = references.quant.tma_padded_rows(rows, actual.dtype)
+        if (rows > 1 and actual.stride(0) != 1) or (cols > 1 and actual.stride(1) != padded):
+            return (f"a TMA-aligned column-major output needs strides (1, {padded}), got {actual.stride()} "
+                    f"for shape {tuple(actual.shape)}")
+    elif not actual.is_contiguous():
+        return f"a row-major output must be contiguous, got strides {actual.stride()} for shape {tuple(actual.shape)}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredBitwise(Policy):
+    """Bitwise against `Stored` values (NaN payloads and -0 count), after checking dtype, shape and layout."""
+
+    def compare(self, output: str, actual: Any, expected: Any) -> Comparison:
+        if not isinstance(expected, Stored):
+            raise TypeError(f"output {output!r}: StoredBitwise needs a Stored expectation, got {type(expected).__name__}")
+        problem = _layout_problem(actual, expected)
+        if problem is not None:
+            return Comparison(output, str(expected.values.dtype).removeprefix("torch."), "layout", 0, 0, math.inf,
+                              0.0, {}, False, message=f"output {output!r}: {problem}")
+        if expected.values.is_floating_point():
+            return bitwise(expected.values.dtype).compare(output, actual, expected.values)
+        return bitwise(expected.values.dtype).compare(output, actual, expected.values.numpy())
+
+
+def _given_expand(case, actual: dict[str, Any]) -> dict[str, Stored]:
+    params = dict(case.params)
+    layout = params.pop("sf_layout", None)
+    moved = references.moe.expand_to_fused(**case.inputs, **params)
+    if "x_sf" not in case.inputs:
+        return {"out": Stored(moved)}
+    out, out_sf = moved
+    return {"out": Stored(out), "sf": Stored(out_sf, layout == "tma_column_major")}
+
+
+class WithSfLayout:
+    """Calls an expand_to_fused implementation (by import path, resolved on first use)
+    with x_sf stored in the case's ``sf_layout``.
+
+    A case's tensors lose their strides on the way to the device and into a
+    case file, so the with-sf cases carry the layout as a parameter and this
+    wrapper lays x_sf out (on its device) just before the call.
+    """
+
+    def __init__(self, target: str | Callable[..., Any]):
+        self.target = target
+        self._fn = target if callable(target) else None
+
+    def __repr__(self) -> str:
+        return f"WithSfLayout({self.target!r})"
+
+    def __call__(self, *, x_sf: torch.Tensor, sf_layout: str, **kwargs: Any):
+        if self._fn is None:
+            module, _, attr = self.target.partition(":")
+            self._fn = getattr(importlib.import_module(module), attr)
+        if sf_layout == "tma_column_major":
+            x_sf = references.moe.store_tma_column_major(x_sf)
+        elif sf_layout != "row_major":
+            raise ValueError(f"sf_layout must be 'row_major' or 'tma_column_major', got {sf_layout!r}")
+        return self._fn(x_sf=x_sf, **kwargs)
+
+
+def _expand_oracle_with_sf(x, token_topk_to_pos, num_expanded_rows, x_sf, sf_layout):
+    return references.moe.expand_to_fused(x, token_topk_to_pos, num_expanded_rows, x_sf)
+
+
+def reduce_fused_bound(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor,
+                       x_sf: torch.Tensor | None = None) -> ErrorBound:
+    """The exact reduce_fused and the error an fp32 accumulation may add (module docstring)."""
+    exact = references.moe.reduce_fused(x, topk_weights, token_topk_to_pos, x_sf)
+    magnitude, terms, largest_factor = references.moe.reduce_fused_magnitudes(x, topk_weights, token_topk_to_pos, x_sf)
+    products = 1 if x_sf is None else 2
+    per_product = FP32_UNDERFLOW if products == 1 else FP32_UNDERFLOW * (1 + 2 * largest_factor)
+    error = summation_error(magnitude, terms, roundings_per_term=products, absolute=terms * per_product)
+    return ErrorBound(exact, error, "fp32" if x.dtype == torch.float32 else "bf16")
+
+
+def _given_reduce(case, actual: dict[str, Any]) -> dict[str, ErrorBound]:
+    return {"out": reduce_fused_bound(**case.inputs)}
+
+
+def normalize_denom_bound(topk_weights: torch.Tensor) -> ErrorBound:
+    """The exact denom and the error an fp32 sum of the K weights and 1e-20 may have (module docstring)."""
+    denom, _ = references.moe.normalize_weight(topk_weights)
+    w = references.moe._as_float64(topk_weights)
+    eps = references.moe.NORMALIZE_EPS
+    error = summation_error(np.abs(w).sum(axis=1) + eps, w.shape[1] + 1, roundings_per_term=0,
+                            absolute=FP32_UNIT_ROUNDOFF * eps)
+    return ErrorBound(denom, error, "fp32")
+
+
+def normalized_weights_given_denom(topk_weights: torch.Tensor, denom: np.ndarray) -> ErrorBound:
+    """w / denom for the given denom, within two fp32 roundings (module docstring)."""
+    w = references.moe._as_float64(topk_weights)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        quotient = w / np.asarray(denom, dtype=np.float64)[:, None]
+    error = summation_error(np.abs(quotient), 1, roundings_per_term=2, absolute=FP32_UNDERFLOW)
+    return ErrorBound(quotient, error, "fp32")
+
+
+def _given_normalize(case, actual: dict[str, Any]) -> dict[str, ErrorBound]:
+    w = case.inputs["topk_weights"]
+    denom_bound = normalize_denom_bound(w)
+    denom = actual["denom"]
+    if isinstance(denom, torch.Tensor) and denom.dtype == torch.float32 and tuple(denom.shape) == (w.shape[0],):
+        used = denom.detach().cpu().double().numpy()
+    else:  # malformed (and failing on its own): judge the weights against the fp32 exact denom
+        used = np.asarray(denom_bound.exact, dtype=np.float32).astype(np.float64)
+    return {"denom": denom_bound, "weights": normalized_weights_given_denom(w, used)}
+
+
+def _impls(name: str) -> dict:
+    return {"torch": torch_impl(f"kernels.torch.moe:{name}"), "tilelang": tilelang_impl(f"kernels.moe:{name}")}
+
+
+_INT32 = bitwise(torch.int32)
+
+register(OpSpec(
+    name="moe.group_count",
+    oracle=references.moe.group_count,
+    strategy=strategies.moe.group_count_cases,
+    outputs={"counts": _INT32},
+    impls=_impls("group_count"),
+    doc="counts[g] = #entries of idx equal to g; negative and >= num_groups entries count nowhere.",
+))
+
+register(OpSpec(
+    name="moe.fused_mapping",
+    oracle=references.moe.fused_mapping,
+    strategy=strategies.moe.fused_mapping_cases,
+    outputs={
+        "pos_to_token": _INT32,
+        "pos_to_token_topk": _INT32,
+        "token_topk_to_pos": _INT32,
+        "expert_start": _INT32,
+        "expert_end": _INT32,
+        "N": HostInt(),
+    },
+    impls=_impls("fused_mapping"),
+    doc="Counting sort of (token, slot) pairs by expert, segments aligned and padded with -1; N a python int.",
+))
+
+register(OpSpec(
+    name="moe.expand_to_fused",
+    oracle=references.moe.expand_to_fused,
+    strategy=strategies.moe.expand_to_fused_cases,
+    outputs={"out": StoredBitwise()},
+    impls=_impls("expand_to_fused"),
+    given=_given_expand,
+    doc="out[pos(t, k)] = x[t], padding rows zero; bits moved unchanged.",
+))
+
+register(OpSpec(
+    name="moe.expand_to_fused_with_sf",
+    oracle=_expand_oracle_with_sf,
+    strategy=strategies.moe.expand_to_fused_with_sf_cases,
+    outputs={"out": StoredBitwise(), "sf": StoredBitwise()},
+    impls={
+        "torch": torch_impl(WithSfLayout("kernels.torch.moe:expand_to_fused")),
+        "tilelang": tilelang_impl(WithSfLayout("kernels.moe:expand_to_fused")),
+    },
+    given=_given_expand,
+    doc="expand_to_fused of a quantised x with its per-token sf (fp32, ue8m0, packed; row- or TMA column-major).",
+))
+
+register(OpSpec(
+    name="moe.reduce_fused",
+    oracle=references.moe.reduce_fused,
+    strategy=strategies.moe.reduce_fused_cases,
+    outputs={"out": summation()},
+    impls=_impls("reduce_fused"),
+    given=_given_reduce,
+    doc="out[t] = sum_k w[t, k] x[pos(t, k)], fp32 accumulation, |y - S| <= gamma_{K-1+r} sum|w x| + 0.5 ulp_out.",
+))
+
+register(OpSpec(
+    name="moe.normalize_weight",
+    oracle=references.moe.normalize_weight,
+    strategy=strategies.moe.normalize_weight_cases,
+    outputs={"denom": summation("fp32"), "weights": summation("fp32")},
+    impls=_impls("normalize_weight"),
+    given=_given_normalize,
+    doc="denom = 1e-20 + sum_k w (within gamma_K (sum|w| + 1e-20)); weights = w / denom (given denom, gamma_2).",
 ))
