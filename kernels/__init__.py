@@ -15,5 +15,10 @@ configuration of every kernel.
 # `kernels._tilelang.kernel_defs`, so listing a kernel imports nothing).
 KERNELS = {
     "moe.topk_gate": "kernels.moe:TOPK_GATE",
+    "moe.group_count": "kernels.moe:GROUP_COUNT",
+    "moe.fused_mapping": "kernels.moe:FUSED_MAPPING",
+    "moe.expand_to_fused": "kernels.moe:EXPAND_TO_FUSED",
+    "moe.reduce_fused": "kernels.moe:REDUCE_FUSED",
+    "moe.normalize_weight": "kernels.moe:NORMALIZE_WEIGHT",
     "transpose.batched_transpose": "kernels.transpose:BATCHED_TRANSPOSE",
 }
