@@ -24,7 +24,9 @@ step() { local name=$1; shift; echo "=== $name: $*"; local t0=$(date +%s.%N)
 step precompile python3 -m kernels.precompile
 step pytest python3 -m pytest -n 8 --tk-impl all --tk-profile ci --tk-report="$R/pytest-report" -p no:cacheprovider ${select:+-k "$select"}
 step report python3 -m tkverify.cli report --impl tilelang --profile ci --out "$R/report-tilelang" -n 8 ${select:+-k "$select"}
-[ -f benchmarks/first_look.py ] && step bench python3 -m benchmarks.first_look "$R/bench.json"
+for b in benchmarks/[a-z]*.py; do
+  name=$(basename "$b" .py); step "bench-$name" python3 -m "benchmarks.$name" "$R/bench-$name.json"
+done
 cp -r .tkverify/cases "$R/cases" 2>/dev/null
 tar -C "$PWD/.cache" -cJf "$R/tilelang-cache.tar.xz" tilelang
 tar -C "$(dirname "$R")" -czf "${OUT:-/tmp/out}/results.tar.gz" results && rm -rf "$R"
