@@ -35,7 +35,7 @@ import sys
 
 import torch
 
-from tkverify.bench import copy_bandwidth, median_time_s
+from tkverify.bench import copy_bandwidth, median_time_s, write_bandwidth
 
 TOKENS, SLOTS, EXPERTS, HIDDEN, ALIGNMENT = 16384, 8, 256, 7168, 128
 SF_COLUMNS = HIDDEN // 128  # one fp32 sf per 128 channels
@@ -55,6 +55,9 @@ def main(out_json: str) -> dict:
                "rows": []}
     roof = copy_bandwidth()
     results["copy_bandwidth_TBps"] = roof / 1e12
+    # expand_to_fused writes 8 bytes for each one it reads: its ceiling is nearer a fill than a copy.
+    results["write_bandwidth_TBps"] = write_bandwidth() / 1e12
+    print(f"write-only bandwidth {results['write_bandwidth_TBps']:.3f} TB/s", flush=True)
     print(f"copy bandwidth {roof / 1e12:.3f} TB/s", flush=True)
 
     def row(op, impl, variant, fn, nbytes):

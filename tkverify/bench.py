@@ -40,3 +40,9 @@ def copy_bandwidth(nbytes: int = 2 * 2**30) -> float:
     dst = torch.empty_like(src)
     t = median_time_s(lambda: dst.copy_(src), flush_l2=False)
     return 2 * nbytes / t
+
+
+def write_bandwidth(nbytes: int = 2 * 2**30) -> float:
+    """Write-only bandwidth in bytes/s (a fill): the ceiling of ops that write far more than they read."""
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    return nbytes / median_time_s(lambda: dst.fill_(1), flush_l2=False)
