@@ -314,7 +314,9 @@ def to_input_tensor(x: np.ndarray, dtype: str) -> torch.Tensor:
 def token_counts(hidden: int, block_rows: int = 1) -> SearchStrategy[int]:
     """T: 0, 1, small, odd, tile tails, rarely a few hundred; within MAX_ELEMENTS."""
     cap = max(1, MAX_ELEMENTS // hidden)
-    common = st.one_of(st.sampled_from((0, 1)), st.integers(2, 9), st.sampled_from(TOKEN_TAILS))
+    # 1 before 0: hypothesis starts from the simplest draw and mutates around it, so with 0
+    # first a fifth to a half of the ci profile's examples were empty tensors.
+    common = st.one_of(st.sampled_from((1, 0)), st.integers(2, 9), st.sampled_from(TOKEN_TAILS))
     larger = st.integers(130, 600).map(lambda n: 2 * (n // 2) + 1)
     if block_rows > 1:
         common = st.one_of(common, st.sampled_from((block_rows - 1, block_rows, block_rows + 1)))

@@ -22,8 +22,8 @@ data (every cast)
     sf_impl is a power of two (round_sf, ue8m0, or by chance) the quotient is
     exact in any precision and the window is 0: the code must be the correctly
     rounded one.  Truncation and an sf off by an ULP fail at once; ties-away
-    fails wherever a quotient is exactly a tie (with a power-of-two sf, or
-    where x happens to be a midpoint times the sf).
+    fails where a quotient is exactly a tie and sf is a power of two (with a
+    plain sf the window rightly accepts either neighbour of a tie).
     A block whose sf is NaN: every element must be NaN, except in e2m1 (which
     has no NaN) where the codes are unconstrained (not judged, counted as
     agreeing): the NaN sf already makes the block dequantise to NaN.
