@@ -21,6 +21,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  implementations: {', '.join(impls)}")
         for output, policy in spec.outputs.items():
             print(f"  output {output}: {policy}")
+        if spec.backward is not None:
+            print(f"  backward: {', '.join(spec.backward.impls) or 'oracle only'}")
+            for grad, policy in spec.backward.grads.items():
+                print(f"  gradient {grad}: {policy}")
     return 0
 
 
@@ -65,6 +69,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"tkverify replay: {e.args[0]}", file=sys.stderr)
         return 2
     impl_name = args.impl or meta["impl"]
+    if "gradient" in meta and impl_name == "oracle":  # the gradcheck of the float64 backward: no implementation
+        return _replay_gradients(spec, impl_name, case, meta)
     if impl_name not in spec.impls:
         print(f"tkverify replay: {spec.name} has no implementation {impl_name!r} here "
               f"(registered: {', '.join(spec.impls)}; use --load for your own)", file=sys.stderr)
@@ -74,6 +80,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if reason:
         print(f"tkverify replay: {reason}", file=sys.stderr)
         return 2
+    if "gradient" in meta:
+        return _replay_gradients(spec, impl_name, case, meta)
     print(f"replaying {spec.name} [{impl_name}] on {case.describe()}")
     print(f"  recorded with: {meta.get('versions', {})}")
     try:
@@ -83,6 +91,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 1
     for c in comparisons:
         print(f"  {c.output} ({c.fmt}, {c.policy}): {c.count} elements, {c.exact} exact, max ULP {c.max_ulp:.3g}")
+    print("PASS")
+    return 0
+
+
+def _replay_gradients(spec, impl_name: str, case, meta: dict) -> int:
+    """A case saved by a gradient check: run those checks again."""
+    from tkverify import gradients
+
+    print(f"replaying the gradient checks of {spec.name} [{impl_name}] on {case.describe()} "
+          f"(cotangent seed {meta['gradient']['seed']})")
+    print(f"  recorded with: {meta.get('versions', {})}")
+    try:
+        results = gradients.replay(spec, impl_name, case, meta["gradient"])
+    except gradients.GradientError as e:
+        print(f"FAIL\n{e}")
+        return 1
+    for r in results:
+        if r.count == 0 and r.check != "vs_oracle":
+            print(f"  {r.check} d/d{r.input}: not informative here (the step's effect is below the bound)")
+            continue
+        bound = "" if r.bound is None else f" (bound {r.bound:.3g})"
+        print(f"  {r.check} d/d{r.input}: max error {r.error:.3g} {r.unit}{bound}")
     print("PASS")
     return 0
 
@@ -113,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("path", help="the case file (.json; its .npz lies beside it)")
     rp.add_argument("--impl", default=None, help="run another implementation than the recorded one")
     rp.set_defaults(func=cmd_replay)
+
+    # Mutation testing (tkverify/mutants): the options live beside the runner.
+    from tkverify import mutants
+    mutants.configure_parser(with_load(sub.add_parser(
+        "mutants", help="run the catalogue of deliberately broken implementations; exit 1 if any is missed"))) \
+        .set_defaults(func=mutants.main)
     return p
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tkverify import profiles, registry
-from tkverify.report import Collector, merge_shards, meta, write_report
+from tkverify.report import Collector, merge_gradient_shards, merge_shards, meta, write_report
 
 IMPL_CHOICES = ("auto", "all", *registry.BUILTIN_IMPLS)
 
@@ -116,7 +116,31 @@ def check_impl_choice(choice: str) -> None:
                                 f"(known: auto, all, {', '.join(sorted(known))})")
 
 
+def gradient_params(choice: str) -> list:
+    """(op, implementation) for every op with a backward: "oracle" (the gradcheck of the float64
+    backward, which needs no device) and each selected implementation that has a backward."""
+    from tkverify.gradients import ORACLE
+
+    params = []
+    for spec in registry.all_specs():
+        if spec.backward is None:
+            continue
+        params.append(pytest.param((spec.name, ORACLE), id=f"{spec.name}-{ORACLE}"))
+        for impl, reason in selected_impls(spec, choice):
+            bwd = spec.backward.impls.get(impl)
+            if reason is None:
+                reason = (f"{spec.name} declares no backward for {impl!r}" if bwd is None
+                          else bwd.unavailable_reason())
+            marks = [pytest.mark.skip(reason=reason)] if reason else []
+            if impl in spec.impls and spec.impls[impl].device == "cuda":
+                marks.append(pytest.mark.gpu)
+            params.append(pytest.param((spec.name, impl), id=f"{spec.name}-{impl}", marks=marks))
+    return params
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "tk_grad_op_impl" in metafunc.fixturenames:
+        metafunc.parametrize("tk_grad_op_impl", gradient_params(metafunc.config.getoption("--tk-impl")))
     if "tk_op_impl" not in metafunc.fixturenames:
         return
     choice = metafunc.config.getoption("--tk-impl")
@@ -142,11 +166,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     worker = worker_id(config) or "main"
     shards = state["report"] / "shards"
-    if state["collector"].rows or worker == "main":
+    if state["collector"].rows or state["collector"].gradients or worker == "main":
         state["collector"].write_shard(shards / f"{worker}.json", worker=worker, gpu=state["gpu"], pid=os.getpid())
     if worker_id(config) is None:  # the controller, with or without xdist
         rows = merge_shards(shards.glob("*.json"))
-        paths = write_report(state["report"], rows, meta(state["profile"], config.getoption("--tk-impl")))
+        paths = write_report(state["report"], rows, meta(state["profile"], config.getoption("--tk-impl")),
+                             gradients=merge_gradient_shards(shards.glob("*.json")))
         config.stash[_STATE]["written"] = paths
 
 

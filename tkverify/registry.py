@@ -79,6 +79,74 @@ def tilelang_impl(target: str | Callable[..., Any]) -> Impl:
 
 
 @dataclasses.dataclass
+class Backward:
+    """The backward of an op, for the gradient checks of `tkverify.gradients`.
+
+    inputs   the differentiable inputs (case input names), in the order of `grads`.
+    grads    gradient name -> policy, in the order backward callables return them
+             (one per input: grads[i] is the gradient of inputs[i]).
+    outputs  the forward outputs that carry a cotangent; a backward callable
+             receives it as ``grad_<output>``.
+    oracle   the float64 backward derived by hand:
+             ``oracle(grad_<output>=..., **case.inputs, **case.params)`` returns
+             the gradients (float64) in the order of `grads`.
+    forward  a float64 torch forward (``forward(**inputs, **params)``, returning
+             outputs as the op's oracle does) through which ``gradcheck`` takes
+             finite differences; defaults to the op's oracle.
+    impls    implementation name -> `Impl` of its backward, called as
+             ``bwd(grad_<output>=..., **inputs, **saved, **case.params)`` where
+             `saved` are the `saved` outputs of the same implementation's forward.
+    saved    forward outputs passed on to the implementations' backward.
+    grad_dtype  dtype of the cotangents handed to implementations (default: the
+             dtype of the implementation's forward output).
+    mask     ``mask(case, margin) -> {output: bool array}`` (broadcastable to
+             the output): elements whose cotangent is set to zero, because the
+             derivative there is not checkable.  ``margin=None``: only what is
+             outside the op's judged domain; a float: also what lies within that
+             (op-defined, relative) margin of a kink, as finite differences need.
+    fd_scale ``fd_scale(case) -> {input: float64 tensor}``: per-element size of a
+             unit finite-difference step (default: |value| + 2^-6 rms of its row,
+             the last axis).
+    fd_margin   the kink margin that finite-difference checks pass to `mask`.
+    kink_margin the margin that the comparison with the float64 backward passes to
+             `mask` (elements an implementation's working precision may put on
+             either side of a kink); None: only the domain.
+    given    optional ``given(case, cotangents, exact) -> {grad: expected}``:
+             turns the oracle's exact gradients into what the policies compare
+             against (e.g. per-element `Bracket`s from an error analysis).
+    smooth   optional ``smooth(case, outputs) -> {output: (values, noise)}``: an
+             implementation's differentiated outputs rebuilt in float64 from its
+             higher-precision outputs (values) with a per-element bound on their
+             evaluation error (noise), for the consistency check in working
+             precision; without it the outputs themselves are used.
+    """
+
+    inputs: tuple[str, ...]
+    grads: dict[str, Any]
+    outputs: tuple[str, ...]
+    oracle: Callable[..., Any]
+    impls: dict[str, Impl]
+    forward: Callable[..., Any] | None = None
+    saved: tuple[str, ...] = ()
+    grad_dtype: torch.dtype | None = None
+    mask: Callable[..., dict[str, Any]] | None = None
+    fd_scale: Callable[..., dict[str, torch.Tensor]] | None = None
+    fd_margin: float = 1e-4
+    kink_margin: float | None = None
+    given: Callable[..., dict[str, Any]] | None = None
+    smooth: Callable[..., dict[str, Any]] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.grads) != len(self.inputs):
+            raise ValueError(f"a backward needs one gradient per differentiable input: inputs {self.inputs}, "
+                             f"grads {tuple(self.grads)}")
+
+    def grad_of(self, name: str) -> str:
+        """The gradient name of differentiable input `name`."""
+        return list(self.grads)[self.inputs.index(name)]
+
+
+@dataclasses.dataclass
 class OpSpec:
     """Everything tkverify knows about one operator.
 
@@ -92,6 +160,7 @@ class OpSpec:
     given     optional ``given(case, actual) -> {output: expected}``: expected
               values that depend on what the implementation produced (a
               quantised element judged given the implementation's own scale).
+    backward  optional `Backward`: the op's gradient declaration.
     """
 
     name: str
@@ -101,6 +170,7 @@ class OpSpec:
     impls: dict[str, Impl]
     given: Callable[..., dict[str, Any]] | None = None
     doc: str = ""
+    backward: Backward | None = None  # gradient checks (tkverify.gradients), where the op has a backward
 
     @property
     def family(self) -> str:
@@ -123,6 +193,15 @@ def register(spec: OpSpec) -> OpSpec:
 def register_impl(op: str, impl: Impl) -> Impl:
     """Add an implementation of an already registered op: the one-line way to test your kernel."""
     get(op).add_impl(impl)
+    return impl
+
+
+def register_backward_impl(op: str, impl: Impl) -> Impl:
+    """Add the backward of an implementation (registered with `register_impl`) to an op with a backward."""
+    spec = get(op)
+    if spec.backward is None:
+        raise ValueError(f"{op} declares no backward")
+    spec.backward.impls[impl.name] = impl
     return impl
 
 

@@ -66,6 +66,7 @@ class Collector:
 
     def __init__(self) -> None:
         self.rows: dict[tuple[str, ...], dict[str, Any]] = {}
+        self.gradients: dict[tuple[str, ...], dict[str, Any]] = {}  # gradient checks, keyed by GRADIENT_KEY
 
     def record(self, spec, impl, comparisons: Iterable[Comparison], case=None) -> None:
         for c in comparisons:
@@ -82,10 +83,19 @@ class Collector:
             self.rows[key] = new_row(*key, c.policy)
         fold(self.rows[key], one)
 
+    def add_gradient(self, check: Any, case_desc: str = "") -> None:
+        """One `tkverify.gradients.GradientCheck` verdict."""
+        one = gradient_row(check, case_desc)
+        key = tuple(one[k] for k in GRADIENT_KEY)
+        if key not in self.gradients:
+            self.gradients[key] = new_gradient_row(*key, one["unit"], one["policy"])
+        fold_gradient(self.gradients[key], one)
+
     def write_shard(self, path: Path, **about: Any) -> None:
         """One worker's rows, with what it ran on (`about`: worker id, GPU, pid)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**about, "rows": list(self.rows.values())}, default=str))
+        path.write_text(json.dumps({**about, "rows": list(self.rows.values()),
+                                    "gradients": list(self.gradients.values())}, default=str))
 
 
 def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -97,6 +107,97 @@ def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
                 merged[key] = new_row(*key, row["policy"])
             fold(merged[key], row)
     return [merged[k] for k in sorted(merged)]
+
+
+# ---------------------------------------------------------------- gradients
+
+# One row per (op, differentiable input, implementation, check): see tkverify.gradients.
+GRADIENT_KEY = ("op", "input", "impl", "check")
+
+
+def new_gradient_row(op: str, input_: str, impl: str, check: str, unit: str, policy: str) -> dict[str, Any]:
+    return {
+        "kind": "gradient", "op": op, "input": input_, "impl": impl, "check": check, "unit": unit,
+        "policy": policy, "cases": 0, "count": 0, "exact_count": 0, "max_error": 0.0, "sum_error": 0.0,
+        "max_bound": None, "failures": 0, "verdict": "pass", "worst": None,
+    }
+
+
+def gradient_row(check: Any, case_desc: str = "") -> dict[str, Any]:
+    """The row of a single verdict (a GradientCheck)."""
+    row = new_gradient_row(check.op, check.input, check.impl, check.check, check.unit, check.policy)
+    row.update(cases=1, count=check.count, exact_count=check.exact, max_error=check.error,
+               sum_error=check.sum_error, max_bound=check.bound, failures=0 if check.passed else 1)
+    row["worst"] = {"failed": not check.passed, "error": check.error, "bound": check.bound,
+                    "message": check.message, "element": check.worst, "case": case_desc}
+    return row
+
+
+def fold_gradient(row: dict[str, Any], other: dict[str, Any]) -> None:
+    """Add `other` (a gradient row of the same key) into `row`."""
+    for k in ("cases", "count", "exact_count", "sum_error", "failures"):
+        row[k] += other[k]
+
+    def rank(w: dict[str, Any] | None) -> tuple[bool, float]:  # a failure over a pass, then the larger error
+        return (False, -math.inf) if w is None else (bool(w["failed"]), w["error"])
+
+    if other["worst"] is not None and rank(other["worst"]) > rank(row["worst"]):
+        row["worst"] = other["worst"]
+    row["max_error"] = max(row["max_error"], other["max_error"])
+    if other["max_bound"] is not None:
+        row["max_bound"] = other["max_bound"] if row["max_bound"] is None else max(row["max_bound"], other["max_bound"])
+    row["verdict"] = "fail" if row["failures"] else "pass"
+
+
+def merge_gradient_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    merged: dict[tuple[str, ...], dict[str, Any]] = {}
+    for p in sorted(paths):
+        for row in json.loads(Path(p).read_text()).get("gradients", []):
+            key = tuple(row[k] for k in GRADIENT_KEY)
+            if key not in merged:
+                merged[key] = new_gradient_row(*key, row["unit"], row["policy"])
+            fold_gradient(merged[key], row)
+    return [merged[k] for k in sorted(merged)]
+
+
+def _gradient_cells(r: dict[str, Any]) -> list[str]:
+    bound = "-" if r["max_bound"] is None else f"{r['max_bound']:.3g}"
+    return [r["op"], r["input"], r["impl"], r["check"], str(r["cases"]), f"{r['max_error']:.3g} {r['unit']}",
+            bound, r["verdict"]]
+
+
+GRADIENT_HEADER = ["op", "input", "impl", "check", "cases", "max error", "largest bound", "verdict"]
+
+
+def gradients_markdown(grads: list[dict[str, Any]]) -> list[str]:
+    if not grads:
+        return []
+    out = ["", "## Gradients", "",
+           "gradcheck: the float64 backward derived by hand against finite differences (torch.autograd.gradcheck); "
+           "vs_oracle: the implementation's backward against it (max ULP against the exact gradient); "
+           "consistency: the implementation's backward against central differences of its own forward "
+           "(relative error of a directional derivative, and the largest bound it was held to).", "",
+           _md_table([GRADIENT_HEADER, *[_gradient_cells(r) for r in grads]])]
+    failed = [r for r in grads if r["verdict"] != "pass"]
+    if failed:
+        out += ["", "### Gradient failures", ""]
+        for r in failed:
+            w = r.get("worst") or {}
+            out.append(f"- {r['op']} d/d{r['input']} [{r['impl']}] {r['check']}: {w.get('message', '')} "
+                       f"({w.get('case', '')})")
+    return out
+
+
+def gradients_html(grads: list[dict[str, Any]]) -> list[str]:
+    if not grads:
+        return []
+    esc = html.escape
+    parts = ["<h2>Gradients</h2><table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in GRADIENT_HEADER) + "</tr>"]
+    for r in grads:
+        cls = "" if r["verdict"] == "pass" else " class='fail'"
+        parts.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in _gradient_cells(r)) + "</tr>")
+    parts.append("</table>")
+    return parts
 
 
 # ---------------------------------------------------------------- meta
@@ -144,9 +245,10 @@ def meta(profile: str, impl: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- writers
 
 
-def write_report(out_dir: Path, rows: list[dict[str, Any]], meta_: dict[str, Any]) -> dict[str, Path]:
+def write_report(out_dir: Path, rows: list[dict[str, Any]], meta_: dict[str, Any],
+                 gradients: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"meta": meta_, "results": rows}
+    doc = {"meta": meta_, "results": rows, "gradients": gradients or []}
     paths = {
         "json": out_dir / "report.json",
         "md": out_dir / "report.md",
@@ -195,13 +297,17 @@ def _hist_text(hist: dict[str, int]) -> str:
 def render_markdown(doc: dict[str, Any]) -> str:
     m, rows = doc["meta"], doc["results"]
     failed = [r for r in rows if r["verdict"] != "pass"]
+    grads = doc.get("gradients", [])
+    grads_failed = [r for r in grads if r["verdict"] != "pass"]
     out = [
         "# tkverify report",
         "",
         f"- date: {m['date']}  commit: `{m['commit']}`  profile: {m['profile']}  impl: {m['impl']}",
         f"- device: {m.get('device')}  driver: {m.get('driver', '-')}  CUDA: {m.get('cuda', '-')}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items())),
-        f"- verdict: **{'FAIL' if failed else 'pass'}** ({len(rows) - len(failed)} of {len(rows)} rows pass)",
+        f"- verdict: **{'FAIL' if failed or grads_failed else 'pass'}** ({len(rows) - len(failed)} of {len(rows)} "
+        f"rows pass" + (f"; {len(grads) - len(grads_failed)} of {len(grads)} gradient rows pass" if grads else "")
+        + ")",
         "",
         "## Max ULP error per format (op:output by implementation)",
         "",
@@ -226,6 +332,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             w = r.get("worst") or {}
             out.append(f"- {r['op']}:{r['output']} [{r['impl']}] worst at {w.get('index')}: actual "
                        f"{w.get('actual')}, expected {w.get('expected')}, ULP {w.get('ulp')} ({w.get('case', '')})")
+    out += gradients_markdown(grads)
     return "\n".join(out) + "\n"
 
 
@@ -277,4 +384,5 @@ def render_html(doc: dict[str, Any]) -> str:
             f"<td>{_svg_histogram(r['hist'])}</td><td>{esc(r['verdict'])}</td></tr>"
         )
     parts.append("</table>")
+    parts += gradients_html(doc.get("gradients", []))
     return "\n".join(parts) + "\n"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hypothesis import given
 
-from tkverify import registry
+from tkverify import gradients, registry
 from tkverify.check import check_case
 
 
@@ -27,3 +27,11 @@ def test_differential(tk_op_impl, tk_state):
     op, impl_name = tk_op_impl
     spec = registry.get(op)
     verify(spec, spec.impls[impl_name], case_dir=tk_state["cases"], record=tk_state["collector"].record)
+
+
+def test_gradients(tk_grad_op_impl, tk_state):
+    """Ops with a backward: the float64 backward by gradcheck (impl "oracle"), and each
+    implementation's backward against it and against its own forward (tkverify.gradients)."""
+    op, impl_name = tk_grad_op_impl
+    gradients.verify(registry.get(op), impl_name, case_dir=tk_state["cases"],
+                     record=tk_state["collector"].add_gradient)

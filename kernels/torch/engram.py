@@ -1,0 +1,163 @@
+"""Eager PyTorch Engram gating, in working precision: bf16 in and out, fp32 maths.
+
+The signatures below are the contract of every implementation of the op, the
+TileLang kernels in ``kernels/engram.py`` included (they take and return the
+same tensors, and raise the same errors for the same bad arguments):
+
+``engram_gate_fwd(x, k, v, w, eps=1e-6, clamp=1e-6) -> (out, d, g, rx, rk)``
+    x, k   bf16 (T, hc, H), contiguous, on one device
+    v      bf16 (T, H)
+    w      fp32 (hc, H): the fused weight wh * we
+    eps    float > 0 (finite), added to the mean of squares
+    clamp  float > 0 (finite), the gate's clamp c
+    out    bf16 (T, hc, H) = x + g v, computed in fp32 and rounded once
+    d, g, rx, rk  fp32 (T, hc): saved for the backward (OPS.md, "engram")
+
+``engram_gate_bwd(grad_out, x, k, v, w, d, g, rx, rk, eps=1e-6, clamp=1e-6)
+-> (grad_x, grad_k, grad_v, grad_w)``
+    grad_out  bf16 (T, hc, H); x, k, v, w as for the forward; d, g, rx, rk
+              the forward's fp32 (T, hc) outputs for these inputs
+    grad_x, grad_k  bf16 (T, hc, H)
+    grad_v          bf16 (T, H)      sum over heads of grad_out * g
+    grad_w          fp32 (hc, H)     summed over tokens
+    eps is accepted for a uniform call and unused (rx and rk carry it); clamp
+    decides where the gate is dead (|z| < clamp: no gradient through d).
+
+``EngramGate.apply(x, k, v, w, eps, clamp) -> out``: the autograd Function over
+the two (gradients for x, k, v, w), and ``engram_gate(x, k, v, wh, we, eps,
+clamp)``, which fuses w = wh * we with autograd so that grad_wh = grad_w * we and
+grad_we = grad_w * wh.
+
+Both functions also accept x, k, v, w (and grad_out, d, g, rx, rk) all in
+float64, and then compute and return everything in float64.  That is not part
+of the kernel contract: it lets tkverify's gradient consistency check
+differentiate this implementation's own formulas in float64.
+
+The per-row maths, s = 1/sqrt(H):
+    rx = rsqrt(mean(x^2) + eps), rk likewise, d = sum x w k, z = d rx rk s,
+    g = sigmoid(sign(z) sqrt(max(|z|, clamp))), out = x + g v;
+    gg = sum G v, gz = gg g (1-g) / (2 sqrt|z|) where |z| >= clamp else 0,
+    gd = gz rx rk s, A = gz z,
+    grad_x = G + gd w k - A rx^2 x / H, grad_k = gd w x - A rk^2 k / H,
+    grad_v = sum_h G g, grad_w = sum_t gd x k.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+_WORKING = (torch.bfloat16, torch.float32)  # (activation dtype, weight and saved dtype)
+_FLOAT64 = (torch.float64, torch.float64)
+
+
+def _check_tensor(name: str, t: object, dtype: torch.dtype, shape: tuple[int, ...], device: torch.device | None,
+                  what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {what} = {shape}, got {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} (where x is), got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def _check_scalar(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    value = float(value)
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return value
+
+
+def _check_inputs(x, k, v, w, eps, clamp) -> tuple[tuple[torch.dtype, torch.dtype], float, float]:
+    """Validate the forward's arguments; returns the dtype pair in use and eps, clamp."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.bfloat16, torch.float64):
+        raise TypeError(f"x must have dtype torch.bfloat16, got {x.dtype}")
+    dtypes = _WORKING if x.dtype == torch.bfloat16 else _FLOAT64
+    if x.dim() != 3:
+        raise ValueError(f"x must be 3-D (T, hc, H), got shape {tuple(x.shape)}")
+    tokens, heads, hidden = x.shape
+    if heads < 1 or hidden < 1:
+        raise ValueError(f"x must have hc >= 1 and H >= 1, got shape {tuple(x.shape)}")
+    _check_tensor("x", x, dtypes[0], tuple(x.shape), None, "(T, hc, H)")
+    _check_tensor("k", k, dtypes[0], (tokens, heads, hidden), x.device, "(T, hc, H)")
+    _check_tensor("v", v, dtypes[0], (tokens, hidden), x.device, "(T, H)")
+    _check_tensor("w", w, dtypes[1], (heads, hidden), x.device, "(hc, H)")
+    return dtypes, _check_scalar("eps", eps), _check_scalar("clamp", clamp)
+
+
+def _gate_argument(d: torch.Tensor, rx: torch.Tensor, rk: torch.Tensor, hidden: int) -> torch.Tensor:
+    return d * rx * rk * (1.0 / math.sqrt(hidden))
+
+
+def engram_gate_fwd(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                    eps: float = 1e-6, clamp: float = 1e-6):
+    """(out bf16 (T, hc, H), d, g, rx, rk fp32 (T, hc)); see the module docstring."""
+    (act, acc), eps, clamp = _check_inputs(x, k, v, w, eps, clamp)
+    hidden = x.shape[-1]
+    xf, kf, vf = x.to(acc), k.to(acc), v.to(acc)
+    rx = torch.rsqrt(xf.square().mean(-1) + eps)
+    rk = torch.rsqrt(kf.square().mean(-1) + eps)
+    d = (xf * w * kf).sum(-1)
+    z = _gate_argument(d, rx, rk, hidden)
+    g = torch.sigmoid(torch.sign(z) * torch.sqrt(torch.clamp(z.abs(), min=clamp)))
+    out = (xf + g[..., None] * vf[:, None, :]).to(act)
+    return out, d, g, rx, rk
+
+
+def engram_gate_bwd(grad_out: torch.Tensor, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                    d: torch.Tensor, g: torch.Tensor, rx: torch.Tensor, rk: torch.Tensor,
+                    eps: float = 1e-6, clamp: float = 1e-6):
+    """(grad_x, grad_k bf16 (T, hc, H), grad_v bf16 (T, H), grad_w fp32 (hc, H)); see the module docstring."""
+    (act, acc), _, clamp = _check_inputs(x, k, v, w, eps, clamp)
+    tokens, heads, hidden = x.shape
+    _check_tensor("grad_out", grad_out, act, (tokens, heads, hidden), x.device, "(T, hc, H)")
+    for name, saved in (("d", d), ("g", g), ("rx", rx), ("rk", rk)):
+        _check_tensor(name, saved, acc, (tokens, heads), x.device, "(T, hc)")
+
+    grad, xf, kf, vf = grad_out.to(acc), x.to(acc), k.to(acc), v.to(acc)
+    gg = (grad * vf[:, None, :]).sum(-1)
+    z = _gate_argument(d, rx, rk, hidden)
+    live = z.abs() >= clamp
+    # 1/(2 sqrt|z|) where the gate is live; exactly 0 where it is clamped (no 0 * inf).
+    dadz = torch.where(live, 0.5 * torch.rsqrt(torch.clamp(z.abs(), min=clamp)), torch.zeros_like(z))
+    gz = gg * (g * (1.0 - g)) * dadz
+    gd = gz * rx * rk * (1.0 / math.sqrt(hidden))
+    a_ = gz * z
+    grad_x = grad + gd[..., None] * w * kf - (a_ * rx * rx / hidden)[..., None] * xf
+    grad_k = gd[..., None] * w * xf - (a_ * rk * rk / hidden)[..., None] * kf
+    grad_v = (grad * g[..., None]).sum(1)
+    grad_w = (gd[..., None] * xf * kf).sum(0)
+    return grad_x.to(act), grad_k.to(act), grad_v.to(act), grad_w
+
+
+class EngramGate(torch.autograd.Function):
+    """out = EngramGate.apply(x, k, v, w, eps, clamp), differentiable in x, k, v and w."""
+
+    @staticmethod
+    def forward(ctx, x, k, v, w, eps=1e-6, clamp=1e-6):
+        out, d, g, rx, rk = engram_gate_fwd(x, k, v, w, eps, clamp)
+        ctx.save_for_backward(x, k, v, w, d, g, rx, rk)
+        ctx.eps, ctx.clamp = eps, clamp
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, k, v, w, d, g, rx, rk = ctx.saved_tensors
+        grads = engram_gate_bwd(grad_out.contiguous(), x, k, v, w, d, g, rx, rk, ctx.eps, ctx.clamp)
+        return (*grads, None, None)
+
+
+def engram_gate(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wh: torch.Tensor, we: torch.Tensor,
+                eps: float = 1e-6, clamp: float = 1e-6) -> torch.Tensor:
+    """Engram gating with the unfused weights: w = wh * we (fp32), through `EngramGate`."""
+    return EngramGate.apply(x, k, v, (wh * we).contiguous(), eps, clamp)

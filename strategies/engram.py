@@ -1,0 +1,244 @@
+"""Strategies for Engram gating: cases of ``engram_gate_fwd(x, k, v, w, eps, clamp)``.
+
+A case is drawn in four layers, each a few hypothesis choices:
+
+1. static parameters: H from a small set (64 and 128 mostly, DeepSeek's 7168
+   about once in eight cases), hc from 1 to 8, eps and the clamp c from small
+   sets (the default c = 1e-6 first), and T (0, 1, small odd counts and tails,
+   capped so that T hc H stays under ``MAX_ELEMENTS`` for CPU time, but one
+   token always fits);
+2. a base distribution for x, k, v (normal at a drawn scale, log-uniform
+   magnitudes over 2^-30..2^30, or small integers) and for w (normal, or
+   positive like a product of norm weights);
+3. up to five row features, each planted in the first, last, some or all rows
+   (t, h): rows where eps dominates the mean of squares (rms of x or k at
+   sqrt(eps) times 2^-16..2^3) or which are all zero; k nearly parallel to x
+   (k = +-2^j x plus noise 2^-12 relative); x nearly orthogonal to w k (its
+   projection on w k removed before rounding to bf16, so d cancels to a few
+   bf16 ULPs); bf16 subnormals scattered in x, k and v; extremes (|v| up to
+   the largest bf16, |x|, |k| up to 2^40, the edge of the judged domain);
+4. per head, the gate argument z of one token (the first, the last, or one at
+   random) planted relative to the clamp by scaling that head's w (z is linear
+   in w): below c (0 < |z| < c, where the gradient through d is zero), at c,
+   just above (c (1 + 2^-j), j in 6, 12, 20), or far from it; the planted row
+   lands within an fp32 rounding of its target.  Its sign is drawn too.
+
+Everything stays inside the spec's judged domain (|x|, |k| <= 2^40, |w| <=
+2^32); NaN and infinite inputs are not drawn.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
+
+from strategies import rarely, seeds, torch_copy
+from tkverify.case import Case
+
+HIDDEN_SIZES = (64, 128)
+LARGE_HIDDEN = 7168
+MAX_HEADS = 8
+EPS_VALUES = (1e-6, 1e-5, 1e-2)
+CLAMP_VALUES = (1e-6, 1e-3)
+TOKEN_TAILS = (1, 2, 3, 5, 7, 9, 17, 31, 33, 63, 65)
+LARGEST_TOKENS = 257
+MAX_ELEMENTS = 2**15  # T * hc * H of one case (CPU time); one token always fits
+
+MAX_INPUT = 2.0**40  # |x|, |k| (the spec's judged domain)
+MAX_SCALE_W = 2.0**24  # how far planting z may scale a head's w
+MAX_W = 2.0**32  # |w| (the spec's judged domain)
+BF16_MAX = float(torch.finfo(torch.bfloat16).max)
+BF16_MIN_SUBNORMAL = 2.0**-133
+BF16_MIN_NORMAL = 2.0**-126
+
+ROW_SPREADS = ("first", "last", "some", "all")
+Z_TARGETS = ("below", "at", "just_above", "far")
+
+
+def token_counts() -> SearchStrategy[int]:
+    common = st.one_of(st.sampled_from((0, *TOKEN_TAILS)), st.integers(0, 12))
+    odd = st.integers(0, LARGEST_TOKENS // 2).map(lambda n: 2 * n + 1)
+    return rarely(common, odd, one_in=16)
+
+
+def hidden_sizes() -> SearchStrategy[int]:
+    return rarely(st.sampled_from(HIDDEN_SIZES), st.just(LARGE_HIDDEN), one_in=8)
+
+
+# -- base distributions -----------------------------------------------------------------
+
+
+def _base(rng: np.random.Generator, kind: str, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    if kind == "normal":
+        return rng.standard_normal(shape) * scale
+    if kind == "wide":  # log-uniform magnitudes, random signs
+        mags = np.exp2(rng.uniform(-30, 30, size=shape))
+        return np.where(rng.random(shape) < 0.5, -mags, mags)
+    if kind == "integers":
+        return rng.integers(-4, 4, size=shape, endpoint=True).astype(np.float64)
+    raise ValueError(kind)
+
+
+BASES = ("normal", "wide", "integers")
+W_BASES = ("normal", "positive")
+
+
+def _weights(rng: np.random.Generator, kind: str, shape: tuple[int, int], scale: float) -> np.ndarray:
+    w = rng.standard_normal(shape) * scale
+    return np.abs(w) + 0.25 * scale if kind == "positive" else w
+
+
+# -- row features ---------------------------------------------------------------------
+
+
+def _rows(rng: np.random.Generator, tokens: int, heads: int, spread: str) -> tuple[np.ndarray, np.ndarray]:
+    """(token, head) indices of the rows a feature goes to."""
+    every = np.stack(np.meshgrid(np.arange(tokens), np.arange(heads), indexing="ij"), -1).reshape(-1, 2)
+    if tokens == 0 or spread == "all":
+        return every[:, 0], every[:, 1]
+    if spread == "first":
+        return np.array([0]), np.array([int(rng.integers(0, heads))])
+    if spread == "last":
+        return np.array([tokens - 1]), np.array([int(rng.integers(0, heads))])
+    some = every[rng.random(len(every)) < 0.25]
+    if not len(some):
+        some = every[rng.integers(0, len(every), size=1)]
+    return some[:, 0], some[:, 1]
+
+
+def _rescale_rows(rng, a: np.ndarray, t: np.ndarray, h: np.ndarray, eps: float) -> None:
+    """Rows to rms sqrt(eps) 2^j: eps dominates (j << 0), matches, or is matched (j ~ 0..3)."""
+    rows = a[t, h]
+    rms = np.sqrt((rows * rows).mean(-1, keepdims=True))
+    rms = np.where(rms > 0, rms, 1.0)
+    j = rng.choice(np.array([-16, -8, -4, -1, 0, 1, 3]), size=(len(t), 1))
+    a[t, h] = rows / rms * math.sqrt(eps) * np.exp2(j)
+
+
+def _parallel(rng, x: np.ndarray, k: np.ndarray, t, h) -> None:
+    sign = np.where(rng.random((len(t), 1)) < 0.5, -1.0, 1.0)
+    scale = np.exp2(rng.integers(-4, 4, size=(len(t), 1), endpoint=True))
+    noise = rng.standard_normal(x[t, h].shape) * np.abs(x[t, h]) * 2.0**-12
+    k[t, h] = sign * scale * x[t, h] + noise
+
+
+def _orthogonal(x: np.ndarray, k: np.ndarray, w: np.ndarray, t, h) -> None:
+    """x minus its projection on w k, so that d = sum x w k cancels."""
+    wk = w[h] * k[t, h]
+    norm = (wk * wk).sum(-1, keepdims=True)
+    coef = np.where(norm > 0, (x[t, h] * wk).sum(-1, keepdims=True) / np.where(norm > 0, norm, 1.0), 0.0)
+    x[t, h] = x[t, h] - coef * wk
+
+
+def _subnormals(rng, a: np.ndarray, fraction: float) -> None:
+    where = rng.random(a.shape) < fraction
+    mags = rng.integers(1, 128, size=a.shape) * BF16_MIN_SUBNORMAL
+    a[where] = np.where(rng.random(a.shape) < 0.5, -mags, mags)[where]
+
+
+def _extremes(rng, x: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    for a, top in ((x, MAX_INPUT), (k, MAX_INPUT), (v, BF16_MAX)):
+        where = rng.random(a.shape) < 0.02
+        mags = np.where(rng.random(a.shape) < 0.5, top, top * 2.0**-rng.integers(1, 20, size=a.shape))
+        a[where] = np.where(rng.random(a.shape) < 0.5, -mags, mags)[where]
+
+
+ROW_FEATURES = ("eps_x", "eps_k", "zero_x", "zero_k", "parallel", "orthogonal")
+TENSOR_FEATURES = ("subnormals", "extremes")
+
+
+def _bf16(a: np.ndarray) -> torch.Tensor:
+    """Round float64 values to bf16 (magnitudes kept within the finite range)."""
+    a = np.clip(a, -BF16_MAX, BF16_MAX)
+    return torch_copy(a.astype(np.float32)).to(torch.bfloat16)
+
+
+def _z_of(x: torch.Tensor, k: torch.Tensor, w: np.ndarray, eps: float, t: int, h: int) -> float:
+    xr = x[t, h].double().numpy()
+    kr = k[t, h].double().numpy()
+    hidden = xr.shape[-1]
+    d = float((xr * w[h] * kr).sum())
+    return d / math.sqrt((xr * xr).mean() + eps) / math.sqrt((kr * kr).mean() + eps) / math.sqrt(hidden)
+
+
+def _plant_z(rng, x: torch.Tensor, k: torch.Tensor, w: np.ndarray, eps: float, clamp: float,
+             plants: list[tuple[int, str, str, bool]]) -> None:
+    """Scale w[h] so that one token's z hits the target (z is linear in w)."""
+    tokens = x.shape[0]
+    if tokens == 0:
+        return
+    for head, target, where, flip in plants:
+        t = {"first": 0, "last": tokens - 1}.get(where, int(rng.integers(0, tokens)))
+        z = _z_of(x, k, w, eps, t, head)
+        if z == 0 or not math.isfinite(z):
+            continue
+        goal = {
+            "below": clamp * rng.uniform(0.05, 0.95),
+            "at": clamp,
+            "just_above": clamp * (1 + 2.0 ** -int(rng.choice([6, 12, 20]))),
+            "far": 10.0 ** rng.uniform(-2, 1),
+        }[target]
+        factor = goal / abs(z) * (-1.0 if flip else 1.0)
+        if not 2.0**-60 <= abs(factor) <= MAX_SCALE_W or np.abs(w[head]).max() * abs(factor) > MAX_W:
+            continue
+        w[head] = (w[head] * factor).astype(np.float32)
+
+
+@st.composite
+def engram_gate_cases(draw) -> Case:
+    """Cases of ``engram_gate_fwd(x, k, v, w, eps, clamp)`` (params eps, clamp)."""
+    hidden = draw(hidden_sizes())
+    heads = draw(st.integers(1, MAX_HEADS))
+    drawn = draw(token_counts())
+    tokens = min(drawn, max(1, MAX_ELEMENTS // (heads * hidden)))
+    eps = draw(st.sampled_from(EPS_VALUES))
+    clamp = draw(st.sampled_from(CLAMP_VALUES))
+    base = draw(st.sampled_from(BASES))
+    scale = 2.0 ** draw(st.integers(-8, 8))
+    w_base = draw(st.sampled_from(W_BASES))
+    w_scale = 2.0 ** draw(st.integers(-4, 4))
+    rows = draw(st.dictionaries(st.sampled_from(ROW_FEATURES), st.sampled_from(ROW_SPREADS), max_size=4))
+    tensor_features = draw(st.sets(st.sampled_from(TENSOR_FEATURES)))
+    plants = draw(st.lists(st.tuples(st.integers(0, heads - 1), st.sampled_from(Z_TARGETS),
+                                     st.sampled_from(("first", "last", "random")), st.booleans()),
+                           max_size=heads, unique_by=lambda plant: plant[0]))
+    seed = draw(seeds())
+
+    rng = np.random.default_rng([seed])
+    x = _base(rng, base, (tokens, heads, hidden), scale)
+    k = _base(rng, base, (tokens, heads, hidden), scale)
+    v = _base(rng, base, (tokens, hidden), scale)
+    w = _weights(rng, w_base, (heads, hidden), w_scale).astype(np.float32)
+    for stream, name in enumerate(ROW_FEATURES, start=1):
+        if name not in rows or tokens == 0:
+            continue
+        frng = np.random.default_rng([seed, stream])
+        t, h = _rows(frng, tokens, heads, rows[name])
+        if name == "eps_x":
+            _rescale_rows(frng, x, t, h, eps)
+        elif name == "eps_k":
+            _rescale_rows(frng, k, t, h, eps)
+        elif name == "zero_x":
+            x[t, h] = 0.0
+        elif name == "zero_k":
+            k[t, h] = 0.0
+        elif name == "parallel":
+            _parallel(frng, x, k, t, h)
+        elif name == "orthogonal":
+            _orthogonal(x, k, w.astype(np.float64), t, h)
+    trng = np.random.default_rng([seed, 100])
+    if "subnormals" in tensor_features:
+        for a in (x, k, v):
+            _subnormals(trng, a, 0.1)
+    if "extremes" in tensor_features:
+        _extremes(trng, x, k, v)
+    x = np.clip(x, -MAX_INPUT, MAX_INPUT)
+    k = np.clip(k, -MAX_INPUT, MAX_INPUT)
+    xt, kt, vt = _bf16(x), _bf16(k), _bf16(v)
+    _plant_z(np.random.default_rng([seed, 200]), xt, kt, w, eps, clamp, plants)
+    return Case(params={"eps": eps, "clamp": clamp},
+                inputs={"x": xt, "k": kt, "v": vt, "w": torch_copy(np.ascontiguousarray(w, dtype=np.float32))})

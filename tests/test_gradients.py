@@ -1,0 +1,289 @@
+"""The gradient-check machinery (tkverify/gradients.py): it catches deliberately wrong
+backwards - in the float64 oracle (gradcheck) and in an implementation (against the
+oracle, and against its own forward) - and passes the right ones; the declaration,
+the pytest parametrisation, the report's gradient table and the replay."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import references.engram as ref
+from kernels.torch import engram as torch_engram
+from strategies import torch_copy
+from tkverify import cli, gradients, registry
+from tkverify.case import Case, load_case
+from tkverify.plugin import gradient_params
+from tkverify.registry import Backward, Impl
+from tkverify.report import Collector, merge_gradient_shards, meta, write_report
+from tkverify.suite import test_gradients  # noqa: F401  (the suite's gradient test, collected here too)
+
+# -- backwards with one deliberate mistake each -----------------------------------------
+
+VARIANTS = {
+    # grad_x without the term through rx: - A rx^2 x / H
+    "missing_term": {"x"},
+    # drx/dx as if rx = 1 / (sqrt(m) + eps): -rx^2 x / (H sqrt(m)) instead of -rx^3 x / H
+    "eps_outside_sqrt": {"x", "k"},
+    # da/dz = 1 / (2 sqrt(max(|z|, c))) everywhere: the gate's gradient left on below the clamp
+    "gate_on_below_clamp": {"x", "k", "w"},
+}
+# (and "gate_sign", the gradient through the gate negated: a gross mistake for the coarse check)
+
+
+def backward_core(grad, x, k, v, w, d, g, rx, rk, clamp, variant=None):
+    """The Engram backward's formulas (as in references/engram.py), with an optional mistake."""
+    hidden = x.shape[-1]
+    s = 1.0 / math.sqrt(hidden)
+    gg = (grad * v[:, None, :]).sum(-1)
+    z = d * rx * rk * s
+    dadz = 0.5 * torch.rsqrt(torch.clamp(z.abs(), min=clamp))
+    if variant != "gate_on_below_clamp":
+        dadz = torch.where(z.abs() >= clamp, dadz, torch.zeros_like(dadz))
+    gz = gg * g * (1 - g) * dadz
+    if variant == "gate_sign":
+        gz = -gz
+    gd = gz * rx * rk * s
+    a_ = gz * z
+    if variant == "eps_outside_sqrt":
+        cx = a_ * rx / (hidden * torch.sqrt((x * x).mean(-1)).clamp_min(1e-30))
+        ck = a_ * rk / (hidden * torch.sqrt((k * k).mean(-1)).clamp_min(1e-30))
+    else:
+        cx, ck = a_ * rx * rx / hidden, a_ * rk * rk / hidden
+    grad_x = grad + gd[..., None] * w * k
+    if variant != "missing_term":
+        grad_x = grad_x - cx[..., None] * x
+    grad_k = gd[..., None] * w * x - ck[..., None] * k
+    return grad_x, grad_k, (grad * g[..., None]).sum(1), (gd[..., None] * x * k).sum(0)
+
+
+def oracle_backward(variant):
+    """A float64 'hand-derived' backward with the mistake `variant`."""
+
+    def bwd(grad_out, x, k, v, w, eps, clamp):
+        f = [t.detach().double() for t in (grad_out, x, k, v, w)]
+        _, d, g, rx, rk = ref.engram_gate_fwd(*f[1:], eps, clamp)
+        return backward_core(f[0], *f[1:], d, g, rx, rk, clamp, variant)
+
+    return bwd
+
+
+def impl_backward(variant):
+    """An implementation's backward with the mistake `variant`: fp32 maths on bf16, or float64."""
+
+    def bwd(grad_out, x, k, v, w, d, g, rx, rk, eps, clamp):
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        f = [t.to(acc) for t in (grad_out, x, k, v)]
+        gx, gk, gv, gw = backward_core(f[0], f[1], f[2], f[3], w, d, g, rx, rk, clamp, variant)
+        return gx.to(x.dtype), gk.to(x.dtype), gv.to(x.dtype), gw
+
+    return bwd
+
+
+def spec_with(oracle_variant=None, impl_variant=None):
+    """engram.gate with a broken float64 backward and/or a broken implementation "broken"."""
+    base = registry.get("engram.gate")
+    bw = base.backward
+    impls = dict(base.impls)
+    bimpls = {"torch": bw.impls["torch"]}
+    if impl_variant is not None:
+        impls["broken"] = Impl("broken", torch_engram.engram_gate_fwd, device="cpu")
+        bimpls["broken"] = Impl("broken", impl_backward(impl_variant), device="cpu")
+    oracle = oracle_backward(oracle_variant) if oracle_variant else bw.oracle
+    return dataclasses.replace(base, impls=impls, backward=dataclasses.replace(bw, oracle=oracle, impls=bimpls))
+
+
+def crafted_case(eps=1e-2, clamp=1e-3, seed=7):
+    """Rows where each mistake matters: rms(x) = 0.1 (m = 0.01 ~ eps), head 0 live
+    (|z| >> clamp), every token of head 1 in the clamp's dead zone (0 < |z| <= clamp / 2)."""
+    rng = np.random.default_rng(seed)
+    tokens, heads, hidden = 3, 2, 64
+    x = torch_copy((rng.standard_normal((tokens, heads, hidden)) * 0.1).astype(np.float32)).to(torch.bfloat16)
+    k = torch_copy(rng.standard_normal((tokens, heads, hidden)).astype(np.float32)).to(torch.bfloat16)
+    v = torch_copy(rng.standard_normal((tokens, hidden)).astype(np.float32)).to(torch.bfloat16)
+    w = rng.standard_normal((heads, hidden)).astype(np.float32)
+    z = ref.gate_argument(x, k, torch.from_numpy(w), eps).numpy()
+    w[1] *= np.float32(0.5 * clamp / np.abs(z[:, 1]).max())
+    case = Case(params={"eps": eps, "clamp": clamp}, inputs={"x": x, "k": k, "v": v, "w": torch_copy(w)})
+    z = ref.gate_argument(x, k, case.inputs["w"], eps)
+    assert (z[:, 0].abs() > 50 * clamp).all() and (z[:, 1].abs() < clamp).all() and (z[:, 1] != 0).all()
+    return case
+
+
+def gate_dominated_case(eps=1e-2, clamp=1e-3, seed=11):
+    """Like `crafted_case`, with the gate's terms large against the residual one: v ~ 64,
+    head 0 live just above the clamp (|z| <= 4 clamp), k small."""
+    rng = np.random.default_rng(seed)
+    tokens, heads, hidden = 3, 2, 64
+    x = torch_copy((rng.standard_normal((tokens, heads, hidden)) * 0.1).astype(np.float32)).to(torch.bfloat16)
+    k = torch_copy((rng.standard_normal((tokens, heads, hidden)) * 0.1).astype(np.float32)).to(torch.bfloat16)
+    v = torch_copy((rng.standard_normal((tokens, hidden)) * 64).astype(np.float32)).to(torch.bfloat16)
+    w = rng.standard_normal((heads, hidden)).astype(np.float32)
+    z = ref.gate_argument(x, k, torch.from_numpy(w), eps).numpy()
+    w[0] *= np.float32(4 * clamp / np.abs(z[:, 0]).max())
+    w[1] *= np.float32(0.5 * clamp / np.abs(z[:, 1]).max())
+    return Case(params={"eps": eps, "clamp": clamp}, inputs={"x": x, "k": k, "v": v, "w": torch_copy(w)})
+
+
+def failing_inputs(results, check):
+    return {r.input for r in results if r.check == check and not r.passed}
+
+
+# -- the correct backwards pass --------------------------------------------------------
+
+
+def test_correct_float64_backward_passes_gradcheck():
+    spec = registry.get("engram.gate")
+    results = gradients.oracle_gradcheck(spec, crafted_case(), seed=3)
+    assert {r.input for r in results} == {"x", "k", "v", "w"}
+    assert all(r.passed and r.impl == gradients.ORACLE for r in results), [r.message for r in results]
+    assert all(r.count == 1 and r.error <= r.bound for r in results)
+
+
+@pytest.mark.parametrize("precision", ["float64", "working"])
+def test_correct_implementation_passes(precision):
+    spec = registry.get("engram.gate")
+    case = crafted_case()
+    results = gradients.impl_vs_oracle(spec, "torch", case, seed=3)
+    results += gradients.consistency(spec, "torch", case, seed=3, precision=precision)
+    assert {(r.check, r.input) for r in results} == {(c, i) for c in ("vs_oracle", "consistency")
+                                                     for i in ("x", "k", "v", "w")}
+    assert all(r.passed for r in results), [r.message for r in results if not r.passed]
+
+
+# -- the wrong ones fail, and where they should -------------------------------------------
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_gradcheck_catches_a_wrong_float64_backward(variant):
+    results = gradients.oracle_gradcheck(spec_with(oracle_variant=variant), crafted_case(), seed=3)
+    assert failing_inputs(results, "gradcheck") == VARIANTS[variant]
+    bad = [r for r in results if not r.passed]
+    # torch.autograd.gradcheck itself fails, and so does the directional comparison beside it.
+    assert all("Jacobian mismatch" in r.message and "central difference" in r.message for r in bad)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_comparison_with_the_oracle_catches_a_wrong_implementation(variant):
+    results = gradients.impl_vs_oracle(spec_with(impl_variant=variant), "broken", crafted_case(), seed=3)
+    assert failing_inputs(results, "vs_oracle") == VARIANTS[variant]
+    assert all("worst at index" in r.message for r in results if not r.passed)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_consistency_in_float64_catches_a_wrong_implementation(variant):
+    """The broken implementation's forward is right, its backward is not its derivative."""
+    results = gradients.consistency(spec_with(impl_variant=variant), "broken", crafted_case(), seed=3,
+                                    precision="float64")
+    assert failing_inputs(results, "consistency") == VARIANTS[variant]
+
+
+@pytest.mark.parametrize("variant, caught", [
+    ("gate_on_below_clamp", {"k", "w"}),
+    ("gate_sign", {"x", "k", "w"}),  # the gradient through the gate with the wrong sign: a gross mistake
+    (None, set()),
+])
+def test_consistency_in_working_precision_catches_what_it_can_resolve(variant, caught):
+    """In bf16/fp32 the check resolves a few % of a directional derivative (its bound is the
+    rigorous fp32 noise of g times |v|, the bf16 gradient's rounding, and the truncation of a
+    2^-4 step): it needs a case where the gate's terms dominate, and catches gross mistakes
+    there; the subtler ones are left to the comparison with the oracle and to float64."""
+    spec = spec_with(impl_variant=variant) if variant else registry.get("engram.gate")
+    results = gradients.consistency(spec, "broken" if variant else "torch", gate_dominated_case(), seed=3,
+                                    precision="working")
+    assert {r.input for r in results} == {"x", "k", "v", "w"}
+    assert failing_inputs(results, "consistency") == caught
+    assert all(r.bound is not None and r.bound < 0.1 for r in results)  # informative, to 10 %
+
+
+def test_working_precision_step_is_exactly_central():
+    x = torch.tensor([1.0, 1.5, -2.0, 2.0**-133, 0.0, 3.3895e38], dtype=torch.bfloat16)
+    target = torch.tensor([0.01, -0.02, 0.04, 1e-41, 1e-3, 1e37], dtype=torch.float64)
+    delta = gradients._representable_step(x, target)
+    x64 = x.double()
+    for t in (x64 + delta, x64 - delta):
+        assert torch.equal(t.to(torch.bfloat16).double(), t)  # both ends representable
+    assert delta[-1] == 0  # the largest bf16 has no representable neighbour that far up
+
+
+# -- running, recording, replaying -----------------------------------------------------
+
+
+def test_check_gradients_saves_a_replayable_case(tmp_path, capsys):
+    spec = spec_with(impl_variant="missing_term")
+    case = crafted_case()
+    seen = []
+    with pytest.raises(gradients.GradientError) as info:
+        gradients.check_gradients(spec, "broken", case, 5, case_dir=tmp_path, record=lambda r, d: seen.append(r))
+    text = str(info.value)
+    assert "gradient checks fail" in text and "tkverify replay" in text
+    assert {r.check for r in seen} == {"vs_oracle", "consistency"} and any(not r.passed for r in seen)
+    saved, about = load_case(info.value.case_file)
+    assert about["gradient"]["seed"] == 5 and about["impl"] == "broken"
+    assert torch.equal(saved.inputs["x"].view(torch.int16), case.inputs["x"].view(torch.int16))
+
+    # The replay finds the same failure through the CLI, once the broken backward is registered.
+    real = registry.get("engram.gate")
+    real.impls["broken"], real.backward.impls["broken"] = spec.impls["broken"], spec.backward.impls["broken"]
+    try:
+        assert cli.main(["replay", str(info.value.case_file)]) == 1
+        assert "FAIL" in capsys.readouterr().out
+        assert cli.main(["replay", str(info.value.case_file), "--impl", "torch"]) == 0
+        assert "PASS" in capsys.readouterr().out
+    finally:
+        del real.impls["broken"], real.backward.impls["broken"]
+
+
+def test_backward_declaration_needs_one_gradient_per_input():
+    with pytest.raises(ValueError, match="one gradient per differentiable input"):
+        Backward(inputs=("x", "k"), grads={"grad_x": None}, outputs=("out",), oracle=ref.engram_gate_bwd, impls={})
+    bw = registry.get("engram.gate").backward
+    assert bw.grad_of("w") == "grad_w" and bw.saved == ("d", "g", "rx", "rk")
+
+
+def test_gradient_parametrisation():
+    ids = {p.id: p for p in gradient_params("auto")}
+    assert "engram.gate-oracle" in ids and "engram.gate-torch" in ids
+    assert not ids["engram.gate-torch"].marks
+    tilelang = {p.id: p for p in gradient_params("tilelang")}["engram.gate-tilelang"]
+    if not torch.cuda.is_available():
+        assert any(m.name == "skip" for m in tilelang.marks)
+
+
+def test_report_has_a_gradient_table(tmp_path):
+    spec = registry.get("engram.gate")
+    case = crafted_case()
+    whole, shards = Collector(), [Collector(), Collector()]
+    broken = spec_with(impl_variant="missing_term")
+    checks = (gradients.oracle_gradcheck(spec, case, 1) + gradients.impl_vs_oracle(spec, "torch", case, 1)
+              + gradients.consistency(spec, "torch", case, 1)
+              + gradients.impl_vs_oracle(broken, "broken", case, 1))
+    for i, r in enumerate(checks):
+        whole.add_gradient(r, case.describe())
+        shards[i % 2].add_gradient(r, case.describe())
+    for i, s in enumerate(shards):
+        s.write_shard(tmp_path / "shards" / f"gw{i}.json", worker=f"gw{i}", gpu=None, pid=0)
+    merged = merge_gradient_shards((tmp_path / "shards").glob("*.json"))
+    assert len(merged) == len(whole.gradients)
+    for row in merged:
+        ref_row = whole.gradients[(row["op"], row["input"], row["impl"], row["check"])]
+        for field in ("cases", "count", "failures", "verdict", "max_error", "max_bound"):
+            assert row[field] == ref_row[field], field
+
+    paths = write_report(tmp_path / "out", [], meta("ci", "torch"), gradients=merged)
+    doc = json.loads(paths["json"].read_text())
+    rows = doc["gradients"]
+    assert {r["check"] for r in rows} == {"gradcheck", "vs_oracle", "consistency"}
+    for r in rows:
+        for key in ("op", "input", "impl", "check", "max_error", "unit", "verdict", "kind"):
+            assert key in r
+    failed = [r for r in rows if r["verdict"] == "fail"]
+    assert {(r["impl"], r["input"]) for r in failed} == {("broken", "x")}
+    md = paths["md"].read_text()
+    assert "## Gradients" in md and "| engram.gate | x | broken | vs_oracle |" in md and "**FAIL**" in md
+    assert "<h2>Gradients</h2>" in paths["html"].read_text()
