@@ -1,0 +1,489 @@
+"""Mutation testing: does the suite catch deliberately broken implementations?
+
+`tkverify mutants --impl torch --profile ci` runs a catalogue of mutants -
+implementations of the registered ops with one known bug each (top-k ties to
+the higher index, truncation instead of round-to-nearest-even, a skipped tail
+tile, ...) - through the same machinery as the differential suite, and
+reports for each one whether the profile caught it and after how many
+examples.  The catalogue lives in one module per family (``moe``, ``quant``,
+``transpose``, ``engram``, ``mhc``), each a list ``MUTANTS`` of `Mutant`.
+
+How a mutant is built
+---------------------
+A `Mutant` has up to two factories, each taking the function of the
+implementation under test and returning the broken callable:
+
+``eager``  for ``--impl torch`` only: the eager PyTorch code in
+           ``kernels/torch/`` with the one relevant step changed - a private
+           helper of the module swapped for a broken one during the call
+           (`patched`), or a parametrised copy of that step.
+``model``  for any implementation (``tilelang``, ``tile_kernels``, a user's
+           own, and ``torch`` where there is no eager factory): the
+           implementation itself, called on perturbed inputs or with its
+           outputs perturbed so as to reproduce what the named bug does.  A
+           compiled kernel's internals cannot be edited from Python, so this
+           is how TileLang mutants work: e.g. "ties to the higher index" is
+           the kernel run on the row-reversed scores with the indices mapped
+           back, "truncation" re-rounds the kernel's codes towards zero
+           given its own sf, "a skipped tail tile" zeroes what the partial
+           tiles would have written.  Each factory's docstring says what it
+           models and where the model is weaker than the real bug.
+           ``--models`` applies these to the torch implementation too, which
+           checks the GPU catalogue on a CPU.
+
+A mutant whose op is not registered (say, Sinkhorn before the mhc family
+lands), whose op lacks the implementation, or that has no factory for it is
+reported as "not applicable" with the reason and does not count in M.
+
+How a mutant is run
+-------------------
+It is registered as an `Impl` of its op under a temporary name
+("mutant:NAME"), with the device and requirements of the implementation it
+mutates, and judged by `tkverify.suite.verify` (or, for a mutant of a
+backward, by `tkverify.gradients.verify`: forward unchanged, backward broken)
+under the chosen hypothesis profile; the registry is restored afterwards.
+The strategy is wrapped to count the examples drawn; the first example on
+which a verdict fails (or the implementation raises) gives "caught after N
+examples".  Shrinking is skipped (``--shrink`` turns it back on): it only
+minimises a case that has already failed, so caught/missed and N are what
+the profile gives either way; with ``derandomize`` (the ci profile) they are
+the same on every run.  Only a `VerificationError` counts as caught; any
+other exception (a defect of the mutant or of the checks) is an "error" and
+counts as not caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import json
+import pkgutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from hypothesis import Phase, settings
+from hypothesis.errors import HypothesisWarning
+
+from tkverify import profiles, registry
+from tkverify.check import VerificationError
+
+Factory = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+CAUGHT, MISSED, ERROR, NOT_APPLICABLE = "caught", "missed", "error", "not applicable"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """One deliberately broken implementation of a registered op.
+
+    name      unique, snake_case (``--only`` selects by it).
+    op        the registered op it breaks ("moe.topk_gate").
+    breaks    what it gets wrong, in a sentence.
+    eager     factory for ``--impl torch``: eager function -> broken callable.
+    model     factory for any implementation: its function -> broken callable.
+    backward  True: the factories take and return the op's *backward*, and the
+              gradient checks judge it (the forward stays the implementation's).
+    note      why a factory is missing, where one is (shown as the reason).
+    """
+
+    name: str
+    op: str
+    breaks: str
+    eager: Factory | None = None
+    model: Factory | None = None
+    backward: bool = False
+    note: str = ""
+
+    def factory(self, impl_name: str, models: bool = False) -> tuple[Factory | None, str]:
+        """(factory, "eager" or "model") for this implementation, or (None, why not)."""
+        if impl_name == "torch" and not models and self.eager is not None:
+            return self.eager, "eager"
+        if self.model is not None:
+            return self.model, "model"
+        return None, f"no factory for {impl_name!r}" + (f": {self.note}" if self.note else "")
+
+
+@dataclasses.dataclass
+class Outcome:
+    mutant: Mutant
+    impl: str
+    status: str  # CAUGHT, MISSED, ERROR or NOT_APPLICABLE
+    examples: int | None = None  # caught: examples up to and including the first failing one; missed: all tried
+    how: str = ""  # "eager" or "model"
+    detail: str = ""  # the first failure, the error, or why not applicable
+    seconds: float = 0.0
+
+    @property
+    def counted(self) -> bool:
+        return self.status != NOT_APPLICABLE
+
+    def result(self) -> str:
+        if self.status == CAUGHT:
+            return f"caught after {self.examples} example{'s' if self.examples != 1 else ''}"
+        if self.status == MISSED:
+            return f"MISSED ({self.examples} examples)"
+        if self.status == ERROR:
+            return "ERROR"
+        return f"not applicable ({self.detail})"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.mutant.name, "op": self.mutant.op, "breaks": self.mutant.breaks,
+                "backward": self.mutant.backward, "impl": self.impl, "status": self.status,
+                "examples": self.examples, "how": self.how, "detail": self.detail,
+                "seconds": round(self.seconds, 3)}
+
+
+# -- helpers for the family modules ----------------------------------------------------
+
+
+def patched(fn: Callable[..., Any], module: str, **replacements: Any) -> Callable[..., Any]:
+    """`fn` with attributes of `module` (e.g. a private rounding helper) replaced during each call.
+
+    The eager code runs unchanged except for the swapped step; the module is
+    restored after every call (the runner calls one implementation at a time).
+    """
+    mod = importlib.import_module(module)
+    missing = [n for n in replacements if not hasattr(mod, n)]
+    if missing:
+        raise AttributeError(f"{module} has no {missing}: the mutant no longer matches the eager code")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        saved = {n: getattr(mod, n) for n in replacements}
+        for n, v in replacements.items():
+            setattr(mod, n, v)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for n, v in saved.items():
+                setattr(mod, n, v)
+
+    call.__name__ = getattr(fn, "__name__", "patched")
+    return call
+
+
+def original(module: str, name: str) -> Any:
+    """The unpatched attribute (to wrap in a replacement)."""
+    return getattr(importlib.import_module(module), name)
+
+
+# -- the catalogue ------------------------------------------------------------------
+
+
+def catalogue() -> list[Mutant]:
+    """Every mutant declared by a module of this package (its ``MUTANTS``), in module order."""
+    found: list[Mutant] = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        found += list(getattr(importlib.import_module(f"{__name__}.{info.name}"), "MUTANTS", ()))
+    names = [m.name for m in found]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"mutant names must be unique; repeated: {duplicates}")
+    return found
+
+
+# -- running one mutant ------------------------------------------------------------
+
+
+class _Tracker:
+    """Counts the examples drawn and notes the first failing one."""
+
+    def __init__(self) -> None:
+        self.drawn = 0
+        self.first_failure: int | None = None
+        self.failure = ""
+
+    def count(self, case: Any) -> Any:
+        self.drawn += 1
+        return case
+
+    def failed(self, why: str) -> None:
+        if self.first_failure is None:
+            self.first_failure = max(self.drawn, 1)
+            self.failure = why
+
+    def guarded(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                self.failed(f"the implementation raised {type(e).__name__}: {e}")
+                raise
+        return call
+
+    def record_forward(self, spec, impl, comparisons, case) -> None:
+        bad = [c for c in comparisons if not c.passed]
+        if bad:
+            self.failed("; ".join(c.message.strip().splitlines()[0] for c in bad))
+
+    def record_gradient(self, check, describe: str) -> None:
+        if not check.passed:
+            self.failed(f"[{check.check}] {check.input}: {check.message.strip().splitlines()[0] if check.message else ''}")
+
+
+@contextlib.contextmanager
+def hypothesis_profile(name: str, shrink: bool = False) -> Iterator[settings]:
+    """The named tkverify profile (without its shrink phase unless `shrink`), restored afterwards."""
+    profiles.register_profiles()
+    if name not in profiles.PROFILES:
+        raise ValueError(f"unknown profile {name!r}; choose from {', '.join(profiles.PROFILES)}")
+    base = settings.get_profile(name)
+    phases = tuple(base.phases) if shrink else tuple(p for p in base.phases if p != Phase.shrink)
+    chosen = settings(base, phases=phases)
+    previous = settings.get_current_profile_name()
+    settings.register_profile("tkverify-mutants", chosen)
+    settings.load_profile("tkverify-mutants")
+    try:
+        yield chosen
+    finally:
+        settings.load_profile(previous)
+
+
+def _verification_errors(e: BaseException) -> list[VerificationError]:
+    if isinstance(e, VerificationError):
+        return [e]
+    found: list[VerificationError] = []
+    for sub in getattr(e, "exceptions", ()):  # an ExceptionGroup (hypothesis' Flaky ones included)
+        found += _verification_errors(sub)
+    return found
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def temporary_name(mutant: Mutant) -> str:
+    return f"mutant:{mutant.name}"
+
+
+def run_mutant(mutant: Mutant, impl_name: str = "torch", *, models: bool = False) -> Outcome:
+    """Run one mutant under the hypothesis profile in force (see `hypothesis_profile`)."""
+    from tkverify import gradients, suite
+
+    start = time.perf_counter()
+
+    def outcome(status: str, **kw: Any) -> Outcome:
+        return Outcome(mutant, impl_name, status, seconds=time.perf_counter() - start, **kw)
+
+    try:
+        spec = registry.get(mutant.op)
+    except KeyError:
+        return outcome(NOT_APPLICABLE, detail=f"op {mutant.op} not registered")
+    if mutant.backward and spec.backward is None:
+        return outcome(NOT_APPLICABLE, detail=f"{mutant.op} declares no backward")
+    impls = spec.backward.impls if mutant.backward else spec.impls
+    base = impls.get(impl_name)
+    forward = spec.impls.get(impl_name)
+    if base is None or forward is None:
+        return outcome(NOT_APPLICABLE, detail=f"{mutant.op} has no {impl_name!r} implementation"
+                       + (" of its backward" if mutant.backward else ""))
+    reason = base.unavailable_reason() or forward.unavailable_reason()
+    if reason:
+        return outcome(NOT_APPLICABLE, detail=reason)
+    factory, how = mutant.factory(impl_name, models)
+    if factory is None:
+        return outcome(NOT_APPLICABLE, detail=how)
+
+    tracker = _Tracker()
+    try:
+        broken = tracker.guarded(factory(base.function()))
+    except Exception as e:  # the factory itself no longer fits the implementation
+        return outcome(ERROR, how=how, detail=f"building the mutant raised {type(e).__name__}: {e}")
+    name = temporary_name(mutant)
+    mutated = registry.Impl(name, broken, device=base.device, requires=base.requires)
+    saved = {"forward": spec.impls.get(name), "backward": spec.backward.impls.get(name) if spec.backward else None}
+    view = dataclasses.replace(spec, strategy=lambda: spec.strategy().map(tracker.count))
+    try:
+        if mutant.backward:
+            spec.impls[name] = registry.Impl(name, forward.target, device=forward.device, requires=forward.requires)
+            spec.backward.impls[name] = mutated
+            gradients.verify(view, name, record=tracker.record_gradient)
+        else:
+            spec.impls[name] = mutated
+            suite.verify(view, mutated, record=tracker.record_forward)
+    except Exception as e:
+        errors = _verification_errors(e)
+        if errors:
+            return outcome(CAUGHT, examples=tracker.first_failure or tracker.drawn, how=how,
+                           detail=tracker.failure or _first_line(str(errors[0])))
+        return outcome(ERROR, examples=tracker.drawn, how=how,
+                       detail=f"{type(e).__name__}: {_first_line(str(e))}")
+    finally:
+        for where, impl in (("forward", spec.impls), ("backward", spec.backward.impls if spec.backward else None)):
+            if impl is None:
+                continue
+            impl.pop(name, None)
+            if saved[where] is not None:
+                impl[name] = saved[where]
+    return outcome(MISSED, examples=tracker.drawn, how=how,
+                   detail=f"no disagreement in {tracker.drawn} examples")
+
+
+def run_all(mutants: Iterable[Mutant], impl_name: str = "torch", *, profile: str = "ci", models: bool = False,
+            shrink: bool = False, progress: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    outcomes = []
+    with hypothesis_profile(profile, shrink), warnings.catch_warnings():
+        # Reporting a failing case repr()s its tensors; its size is no concern here.
+        warnings.filterwarnings("ignore", message="Generating overly large repr", category=HypothesisWarning)
+        for m in mutants:
+            o = run_mutant(m, impl_name, models=models)
+            outcomes.append(o)
+            if progress is not None:
+                progress(o)
+    return outcomes
+
+
+# -- reporting --------------------------------------------------------------------------
+
+
+def summary_line(outcomes: list[Outcome]) -> str:
+    counted = [o for o in outcomes if o.counted]
+    return f"{sum(o.status == CAUGHT for o in counted)} of {len(counted)} mutants caught"
+
+
+def exit_code(outcomes: list[Outcome]) -> int:
+    """1 if any counted mutant was missed (or errored); 2 if none could run at all; else 0."""
+    counted = [o for o in outcomes if o.counted]
+    if any(o.status != CAUGHT for o in counted):
+        return 1
+    return 0 if counted else 2
+
+
+_COLUMNS = ("mutant", "op", "how", "time", "result")
+
+
+def _op_label(m: Mutant) -> str:
+    return m.op + (" (backward)" if m.backward else "")
+
+
+def _row(o: Outcome) -> tuple[str, ...]:
+    return (o.mutant.name, _op_label(o.mutant), o.how or "-", f"{o.seconds:.1f}s", o.result())
+
+
+def _widths(mutants: list[Mutant]) -> list[int]:
+    """Column widths from the names (the result column, last, takes what it needs)."""
+    return [max([len(_COLUMNS[0]), *(len(m.name) for m in mutants)]),
+            max([len(_COLUMNS[1]), *(len(_op_label(m)) for m in mutants)]), 5, 6, 0]
+
+
+def format_row(cells: tuple[str, ...], widths: list[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+
+def closing_lines(outcomes: list[Outcome]) -> list[str]:
+    """What follows the table: failures, the not-applicable note, and the final `N of M` line."""
+    lines = []
+    for o in outcomes:
+        if o.status in (MISSED, ERROR):
+            lines.append(f"{o.status.upper()} {o.mutant.name} ({o.mutant.op}): {o.mutant.breaks}")
+            lines.append(f"    {o.detail}")
+    skipped = [o for o in outcomes if not o.counted]
+    if skipped:
+        lines.append(f"{len(skipped)} not applicable here, not counted in M:")
+        reasons: dict[str, list[str]] = {}
+        for o in skipped:
+            reasons.setdefault(o.detail, []).append(o.mutant.name)
+        lines += [f"    {reason}: {', '.join(names)}" for reason, names in reasons.items()]
+    if not any(o.counted for o in outcomes):
+        lines.append("no mutant could run here: nothing was verified")
+    lines.append(summary_line(outcomes))
+    return lines
+
+
+def markdown(outcomes: list[Outcome], impl_name: str, profile: str, models: bool) -> str:
+    lines = [f"# Mutation report: `--impl {impl_name}` `--profile {profile}`" + (" (models)" if models else ""), "",
+             "| mutant | op | breaks | result | how | time |", "|---|---|---|---|---|---|"]
+    for o in outcomes:
+        cells = [o.mutant.name, _op_label(o.mutant), o.mutant.breaks, o.result(), o.how or "-", f"{o.seconds:.1f}s"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines.append("")
+    failures = [o for o in outcomes if o.status in (CAUGHT, MISSED, ERROR)]
+    if failures:
+        lines += ["## First failure of each mutant", ""]
+        lines += [f"- `{o.mutant.name}`: {o.detail}" for o in failures]
+        lines.append("")
+    lines += closing_lines(outcomes)
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, outcomes: list[Outcome], impl_name: str, profile: str, models: bool) -> list[Path]:
+    """The markdown and json reports: `out` names either (PATH.md / PATH.json, written side by side) or a folder."""
+    out = Path(out)
+    if out.suffix in (".md", ".json"):
+        md, js = out.with_suffix(".md"), out.with_suffix(".json")
+    else:
+        md, js = out / "mutants.md", out / "mutants.json"
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(markdown(outcomes, impl_name, profile, models))
+    counted = [o for o in outcomes if o.counted]
+    js.write_text(json.dumps({
+        "impl": impl_name, "profile": profile, "models": models,
+        "caught": sum(o.status == CAUGHT for o in counted), "total": len(counted),
+        "summary": summary_line(outcomes), "mutants": [o.as_json() for o in outcomes],
+    }, indent=2) + "\n")
+    return [md, js]
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--impl", default="torch",
+                   help="the implementation to mutate: torch (eager, CPU or GPU), tilelang (GPU), or any "
+                        "registered name (model mutants only)")
+    p.add_argument("--profile", default="ci", choices=profiles.PROFILES, help="hypothesis profile (default ci)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these mutants")
+    p.add_argument("--out", default=None, type=Path,
+                   help="write the mutation report: PATH.md and PATH.json (or a folder: mutants.md/.json)")
+    p.add_argument("--models", action="store_true",
+                   help="use the implementation-independent models (the ones the GPU runs) even for torch")
+    p.add_argument("--shrink", action="store_true", help="keep hypothesis' shrink phase (slower; N is unchanged)")
+    p.add_argument("--list", action="store_true", dest="list_only", help="print the catalogue and exit")
+    return p
+
+
+def run_command(mutants: list[Mutant], impl_name: str, profile: str, *, models: bool = False, shrink: bool = False,
+                out: Path | None = None, stream=None) -> int:
+    """Run, print the table as it fills and the closing lines; write the report; return the exit code."""
+    stream = stream or sys.stdout
+    widths = _widths(mutants)
+    print(f"mutants of --impl {impl_name}, profile {profile}" + (" (models)" if models else "")
+          + f": {len(mutants)} declared", file=stream)
+    print(format_row(_COLUMNS, widths), file=stream, flush=True)
+
+    def progress(o: Outcome) -> None:
+        print(format_row(_row(o), widths), file=stream, flush=True)
+
+    outcomes = run_all(mutants, impl_name, profile=profile, models=models, shrink=shrink, progress=progress)
+    if out is not None:
+        for path in write_report(out, outcomes, impl_name, profile, models):
+            print(f"report: {path}", file=stream)
+    for line in closing_lines(outcomes):
+        print(line, file=stream)
+    stream.flush()
+    return exit_code(outcomes)
+
+
+def main(args: argparse.Namespace) -> int:
+    registry.load_plugins(getattr(args, "load", []) or [])
+    mutants = catalogue()
+    if args.only:
+        known = {m.name for m in mutants}
+        unknown = [n for n in args.only if n not in known]
+        if unknown:
+            print(f"tkverify mutants: no mutant named {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+                  file=sys.stderr)
+            return 2
+        mutants = [m for m in mutants if m.name in args.only]
+    if args.list_only:
+        for m in mutants:
+            kinds = [k for k, f in (("eager", m.eager), ("model", m.model)) if f is not None]
+            print(f"{m.name:32} {m.op + (' (backward)' if m.backward else ''):40} {'+'.join(kinds) or '-':12} "
+                  f"{m.breaks}")
+        return 0
+    return run_command(mutants, args.impl, args.profile, models=args.models, shrink=args.shrink, out=args.out)
