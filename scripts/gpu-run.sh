@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# What a GPU run of tkverify does on the H200 (through the device tool), in one call:
-#   TKVERIFY_COMMIT=<hash> bash scripts/gpu-run.sh [pytest -k expression for the report]
+# What a GPU run of tkverify does on the H200 (through the device tool):
+#   TKVERIFY_COMMIT=<hash> STEPS="precompile pytest report bench" bash scripts/gpu-run.sh [pytest -k expression]
+# STEPS (default: all of them) picks among: precompile pytest report bench mutants memcheck.
 # Everything it produces is packed into $OUT/results.tar.gz (the tool brings back few files).
 set -uo pipefail
 source .gpu/setup.sh main || exit 1  # (a bare source would pass this script's arguments on)
 export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR="$PWD/.cache/tilelang"
 R="${OUT:-/tmp/out}/results"; mkdir -p "$R"
 select="${1:-}"
+STEPS="${STEPS:-precompile pytest report bench mutants memcheck}"
 
 # The pytest11 entry point and the console script need an install; without one, name the plugin.
 if ! python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . >"$R/install.log" 2>&1; then
@@ -20,13 +22,25 @@ step() { local name=$1; shift; echo "=== $name: $*"; local t0=$(date +%s.%N)
   awk -v n="$name" -v rc="$rc" -v t0="$t0" -v t1="$(date +%s.%N)" \
     'BEGIN { printf "=== %s: rc=%s, %.1f s\n", n, rc, t1 - t0 }' | tee -a "$R/steps.txt"
   tail -n 25 "$R/$name.log"; }
+wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
-step precompile python3 -m kernels.precompile
-step pytest python3 -m pytest -n 8 --tk-impl all --tk-profile ci --tk-report="$R/pytest-report" -p no:cacheprovider ${select:+-k "$select"}
-step report python3 -m tkverify.cli report --impl tilelang --profile ci --out "$R/report-tilelang" -n 8 ${select:+-k "$select"}
-for b in benchmarks/[a-z]*.py; do
-  name=$(basename "$b" .py); step "bench-$name" python3 -m "benchmarks.$name" "$R/bench-$name.json"
-done
+wants precompile && step precompile python3 -m kernels.precompile
+wants pytest && step pytest python3 -m pytest -n 8 --tk-impl all --tk-profile ci --tk-report="$R/pytest-report" \
+  -p no:cacheprovider ${select:+-k "$select"}
+wants report && step report python3 -m tkverify.cli report --impl tilelang --profile ci --out "$R/report-tilelang" -n 8 \
+  ${select:+-k "$select"}
+if wants bench; then
+  for b in benchmarks/[a-z]*.py; do
+    name=$(basename "$b" .py); step "bench-$name" python3 -m "benchmarks.$name" "$R/bench-$name.json"
+  done
+fi
+if wants mutants; then
+  step mutants-tilelang python3 -m tkverify.cli mutants --impl tilelang --profile ci --out "$R/mutants-tilelang"
+  step mutants-torch-cuda python3 -m tkverify.cli mutants --impl torch --profile ci --out "$R/mutants-torch-cuda"
+fi
+# Memory safety of the TileLang kernels on their GPU tests (bounded: the sanitizer is slow).
+wants memcheck && step memcheck timeout 200 compute-sanitizer --tool memcheck --error-exitcode 99 \
+  python3 -m pytest -p no:cacheprovider -q -x tests/test_moe_kernels_gpu.py tests/test_regressions.py
 cp -r .tkverify/cases "$R/cases" 2>/dev/null
 tar -C "$PWD/.cache" -cJf "$R/tilelang-cache.tar.xz" tilelang
 tar -C "$(dirname "$R")" -czf "${OUT:-/tmp/out}/results.tar.gz" results && rm -rf "$R"
