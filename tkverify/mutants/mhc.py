@@ -4,11 +4,12 @@ Declared before the mhc family exists, so that the catalogue says what is
 still to be checked: until "mhc.sinkhorn" is registered they are reported as
 "not applicable (op not registered)" and do not count.  "One iteration fewer"
 is a model of the contract (the implementation called with repeat - 1) and
-works for every implementation as soon as the op is registered.  The other
-two need the eager code's steps (kernels/torch/mhc.py, not written yet): their
-factories are to be added with it, as a parametrised copy of the normalisation
-step (rows and columns swapped) and of the backward's reverse sweep (one step
-left out).  Until then they are reported as not applicable, with that note.
+works for every implementation.  The other two are eager factories over the
+steps of kernels/torch/mhc.py (``_forward`` with ``swapped=True``: every row
+normalisation done over columns and vice versa; ``_backward`` with ``skip``:
+one step of the reverse sweep left out); they have no model for compiled
+kernels (a TileLang kernel's sweep cannot be edited from Python) and are
+reported as not applicable there, with that note.
 """
 
 from __future__ import annotations
@@ -36,14 +37,40 @@ def one_iteration_fewer(sinkhorn: Callable[..., Any]) -> Callable[..., Any]:
     return broken
 
 
-_TO_WRITE = "to be written with kernels/torch/mhc.py (a parametrised copy of the step it breaks)"
+def rows_columns_swapped(sinkhorn: Callable[..., Any]) -> Callable[..., Any]:
+    """The eager forward with rows and columns exchanged in every normalisation (first step: rows)."""
+    from kernels.torch import mhc
+
+    def broken(x: Any, repeat: int = DEFAULT_REPEAT, eps: float = 1e-6) -> Any:
+        mhc._check_x("x", x)
+        repeat, eps = mhc._check_params(repeat, eps)
+        return mhc._forward(x, repeat, eps, swapped=True)[0]
+
+    return broken
+
+
+def backward_missing_step(sinkhorn_bwd: Callable[..., Any]) -> Callable[..., Any]:
+    """The eager backward with the first step of its reverse sweep (the last normalisation's) left out."""
+    from kernels.torch import mhc
+
+    def broken(grad_out: Any, x: Any, repeat: int = DEFAULT_REPEAT, eps: float = 1e-6) -> Any:
+        mhc._check_x("x", x)
+        repeat, eps = mhc._check_params(repeat, eps)
+        _, s, saved = mhc._forward(x, repeat, eps)
+        return mhc._backward(grad_out, s, saved, skip=0)
+
+    return broken
+
+
+_NO_MODEL = "eager only: a compiled kernel's normalisation sweep cannot be edited from Python"
 
 MUTANTS = [
     Mutant("sinkhorn_one_iteration_fewer", "mhc.sinkhorn",
            "Sinkhorn runs repeat - 2 row/column sweeps after the first column normalisation, not repeat - 1",
            model=one_iteration_fewer),
     Mutant("sinkhorn_rows_columns_swapped", "mhc.sinkhorn",
-           "the row and the column normalisations are swapped", note=_TO_WRITE),
+           "the row and the column normalisations are swapped", eager=rows_columns_swapped, note=_NO_MODEL),
     Mutant("sinkhorn_backward_missing_step", "mhc.sinkhorn",
-           "the Sinkhorn backward leaves out one step of the reverse sweep", backward=True, note=_TO_WRITE),
+           "the Sinkhorn backward leaves out one step of the reverse sweep", backward=True,
+           eager=backward_missing_step, note=_NO_MODEL),
 ]

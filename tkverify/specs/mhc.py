@@ -1,0 +1,280 @@
+"""mHC Sinkhorn normalisation (OPS.md, "mhc"): the forward, its backward, and how both are judged.
+
+Signatures (every implementation; the eager one is kernels/torch/mhc.py):
+``sinkhorn(x, repeat=10, eps=1e-6) -> out`` with x, out fp32 (..., m, m),
+2 <= m <= 8, and ``sinkhorn_bwd(grad_out, x, repeat=10, eps=1e-6) -> grad_x``
+(fp32, x's shape; the backward recomputes the forward's intermediates).
+
+Non-finite inputs (decided here, tested in tests/test_mhc.py)
+------------------------------------------------------------
+A NaN or +inf anywhere in a matrix, or a row of it that is entirely -inf,
+makes that *whole matrix* NaN: its softmax row is NaN (x - max is NaN), and
+the first column normalisation spreads the NaN to every column, hence every
+element.  A -inf entry in a row whose maximum is finite is a softmax weight of
+exactly 0 (then eps): an ordinary value.  Other matrices of the batch are
+unaffected.  The oracle does exactly this; the forward bracket of a NaN
+element is [NaN, NaN] (must be NaN).  The op's strategy draws only finite
+logits; non-finite cases come from `strategies.mhc.sinkhorn_nonfinite_cases`
+and are judged by the forward checks only (the gradient of a NaN matrix is
+NaN and has nothing to compare; they are kept out of the gradient checks).
+
+How the output is judged: a relative bound per matrix
+-----------------------------------------------------
+Model of an fp32 implementation: +, -, * correctly rounded (u = 2^-24); exp
+and a division or reciprocal within RHO = 2^-20 relative; a sum of n
+positive terms in any order within gamma(n-1) relative (Higham); eps rounded
+to fp32 (relative u).  Every element of every intermediate is positive (>= a
+multiple of eps > 0), so errors are best tracked as relative (log-domain)
+perturbations delta_ij of each element.
+
+Local errors.  Softmax element s_ij = exp(d_ij) / S, d = x - max: the
+subtraction errs by u |d| (Sterbenz makes it exact near the max), which exp
+turns into a relative u |d|; exp RHO, the sum gamma(m-1), the division RHO;
+these scale by s / (s + eps) in A = s + eps, which adds u (and u for eps
+itself), and an underflowed exp (absolute <= 2^-126) adds TINY / eps.  Call
+the largest over the matrix e0.  Each normalisation P' = P / (sum + eps) adds
+gamma(m) (sum of m positive terms plus eps) + RHO (division): e_step.
+
+Propagation.  A normalisation maps a log-perturbation delta to delta - (its
+weighted mean along the summed axis), weights P'/(sum) along that axis: it
+annihilates perturbations of diagonal-scaling form (constant along the axis)
+and passes the rest on, with inf-norm gain <= 2 for one step.  A composition
+of such maps is *not* provably bounded by 2 (inf-norm gains could in principle
+compound); the bound below assumes the composition's gain K <= 2, which is
+what the stress cases show (the largest observed error is ~0.12 of the bound,
+over m = 2..8, repeat 1..30, saturated, dominant-column, near-permutation and
+eps-comparable inputs, tests/test_mhc.py::test_forward_bound_has_margin).  So,
+per matrix, to first order in u and RHO:
+
+    |out_impl - out| <= B |out|,   B = 2 (e0 + (2 repeat - 1) e_step)
+
+For the default repeat = 10, m = 4, moderate logits: B ~ 2 (2 RHO + gamma(3) +
+2u + 19 (gamma(4) + RHO)) ~ 5.0e-5 (~830 fp32 ULPs) - loose against a typical fp32 result
+(tens of ULPs), yet one sweep fewer, rows and columns swapped, or any
+formula error moves elements by 1e-3 and more of their value (mutants).  This
+is a carefully justified relative bound, not a rigorous one: it rests on K <=
+2 and on first-order error analysis.  A NaN element must be NaN.
+
+Report extra (forward): ``max_sum_deviation``, the largest |row sum - 1| or
+|column sum - 1| of the implementation's output (over its finite matrices),
+and ``oracle_max_sum_deviation``, the same of the float64 oracle's output
+(eps and a finite repeat keep both away from 0; the difference is the
+implementation's).
+
+How the gradient is judged: a bound per element, from the exact intermediates
+-----------------------------------------------------------------------------
+The backward replays the 2 repeat - 1 normalisations in reverse, g <- (g -
+sum_axis(g P')) / D, then the softmax, g <- s (g - sum_row(g s)).  Each
+reverse step errs locally by (gamma(m + 1) + 2 RHO) of its terms' magnitude
+(|g| + sum_axis |g| P') / D, plus 2 B of it for using the implementation's
+own recomputed P' and D (each within B of the oracle's: first order).
+`gradient_bound` accumulates, in float64 from the exact intermediates and
+cotangent:
+* over all reverse steps but the last, a normwise error E per matrix: E <-
+  E max(1, 1 / min D) + local * max magnitude (D, sums of normalised
+  matrices, is near 1 there);
+* the last reverse step (the first normalisation, over columns, whose sums
+  may be as small as m eps, so that 1/D reaches 1e5 and more) elementwise:
+  E_ij = E (1 + sum_k P'_kj) / D_j + local (|g| + sum |g| P')_ij / D_j;
+* the softmax elementwise: s_ij (E_ij + sum_k E_ik s_ik) + (gamma(m + 1) + 2
+  u + 2 B) s_ij (|g| + sum_k |g| s)_ij, plus 2 TINY times the same
+  magnitudes (an fp32 exp that underflows errs by up to TINY absolute);
+and multiplies by K = 2, the same assumed gain as above for the compounding
+of the normwise steps.  The elementwise end matters: the huge 1/D of a
+near-eps column is multiplied back by its tiny softmax weights.  Observed
+error: <= ~0.03 of this bound on the stress cases
+(tests/test_mhc.py::test_gradient_bound_has_margin holds it to 1/4); a
+missing reverse step or a wrong sign changes the gradient by the order of
+|g| itself, far beyond it.  Matrices with a non-finite entry get [-inf, inf].
+
+Gradient checks: no kinks (the op is smooth in finite x), so ``mask`` only
+zeroes the cotangent of matrices with a non-finite input (outside the
+domain; the op's strategy draws none).  Finite-difference step scales
+(`fd_scale`): 1 + |x| 2^-8 per element: logits are unitless, the softmax's
+curvature is on the scale of 1, and a step must stay far above float64's
+resolution of |x| (<= 2^11 in the strategy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+import references.mhc as ref
+import strategies.mhc
+from tkverify.case import Case
+from tkverify.policies import Bracket, Comparison, Within
+from tkverify.registry import Backward, OpSpec, register, tilelang_impl, torch_impl
+
+U = 2.0**-24
+RHO = 2.0**-20
+TINY = 2.0**-126
+K = 2.0  # the assumed gain of composed normalisations on a perturbation (see the docstring)
+
+
+def gamma(n: Any) -> Any:
+    n = np.asarray(n, dtype=np.float64)
+    return n * U / (1.0 - n * U)
+
+
+def _np(t: Any) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        return t.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(t, dtype=np.float64)
+
+
+def _matrices(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1, a.shape[-2], a.shape[-1])
+
+
+def _softmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = x - x.max(-1, keepdims=True)
+        e = np.exp(d)
+        return d, e / e.sum(-1, keepdims=True)
+
+
+def forward_bound(x: Any, repeat: int, eps: float) -> np.ndarray:
+    """B per matrix, shape (..., 1, 1): the relative bound of the docstring."""
+    x = _np(x)
+    m = x.shape[-1]
+    d, s = _softmax(x)
+    with np.errstate(invalid="ignore"):
+        local = np.where(s > 0, (np.abs(d) * U + 2 * RHO + gamma(m - 1)) * s / (s + eps), 0.0)
+    local = np.where(np.isfinite(local), local, 0.0)
+    e0 = (local.max(axis=(-1, -2), keepdims=True) if x.size else np.zeros(x.shape[:-2] + (1, 1))) \
+        + 2 * U + TINY / eps
+    e_step = gamma(m) + RHO
+    return K * (e0 + (2 * int(repeat) - 1) * e_step)
+
+
+def _forward_steps(x: np.ndarray, repeat: int, eps: float):
+    _, s = _softmax(x)
+    p = s + eps
+    saved = []
+    for axis in ref.steps(repeat):
+        dd = p.sum(axis, keepdims=True) + eps
+        p = p / dd
+        saved.append((axis, p, dd))
+    return s, saved
+
+
+def gradient_bound(x: Any, grad_out: Any, repeat: int, eps: float) -> np.ndarray:
+    """The bound of the docstring, per element of grad_x (x's shape)."""
+    x, g = _np(x), _np(grad_out)
+    if x.size == 0:
+        return np.zeros(x.shape)
+    m = x.shape[-1]
+    b = forward_bound(x, repeat, eps)
+    local = gamma(m + 1) + 2 * RHO + 2 * b
+    with np.errstate(invalid="ignore", over="ignore"):
+        s, saved = _forward_steps(x, repeat, eps)
+        steps = list(reversed(saved))
+        total = np.zeros(x.shape[:-2] + (1, 1))  # the normwise error bound so far, per matrix
+        for axis, out, dd in steps[:-1]:
+            mag = ((np.abs(g) + (np.abs(g) * out).sum(axis, keepdims=True)) / dd).max(axis=(-1, -2), keepdims=True)
+            total = total * np.maximum(1.0, 1.0 / dd.min(axis=(-1, -2), keepdims=True)) + local * mag
+            g = (g - (g * out).sum(axis, keepdims=True)) / dd
+        # The first normalisation (columns, whose sums may be as small as m eps) elementwise, then
+        # the softmax, whose factor s is small exactly where those columns amplify.
+        axis, out, dd = steps[-1]
+        err = (total + total * out.sum(axis, keepdims=True)) / dd \
+            + local * (np.abs(g) + (np.abs(g) * out).sum(axis, keepdims=True)) / dd
+        g = (g - (g * out).sum(axis, keepdims=True)) / dd
+        inner = np.abs(g) + (np.abs(g) * s).sum(-1, keepdims=True)
+        err = s * (err + (err * s).sum(-1, keepdims=True)) + (gamma(m + 1) + 2 * U + 2 * b) * s * inner \
+            + 2 * TINY * (inner + err + (err * s).sum(-1, keepdims=True))  # s underflowed in fp32
+    return K * err
+
+
+def _nonfinite_matrices(x: np.ndarray) -> np.ndarray:
+    """(..., 1, 1) True where the matrix has a non-finite entry."""
+    if x.size == 0:
+        return np.zeros(x.shape[:-2] + (1, 1), dtype=bool)
+    return (~np.isfinite(x)).any(axis=(-1, -2), keepdims=True)
+
+
+# -- the policies ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkhornWithin(Within):
+    """`within` for fp32 outputs; with `sums`, the report's row/column-sum figures as extras."""
+
+    sums: bool = False
+
+    def compare(self, output: str, actual: Any, expected: Any) -> Comparison:
+        if not isinstance(actual, torch.Tensor) or actual.dtype != torch.float32:
+            got = actual.dtype if isinstance(actual, torch.Tensor) else type(actual).__name__
+            return Comparison(output, str(self.fmt), "within", 0, 0, math.inf, 0.0, {}, False,
+                              message=f"output {output!r}: dtype {got}, expected torch.float32")
+        comp = super().compare(output, actual, expected)
+        if self.sums:
+            comp.extra["max_sum_deviation"] = ref.sum_deviation(_np(actual))
+            comp.extra["oracle_max_sum_deviation"] = ref.sum_deviation(expected.exact)
+        return comp
+
+    def __str__(self) -> str:
+        return "within the per-matrix bound of the fp32 error analysis" + (" (+ row/column sums)" if self.sums else "")
+
+
+def given_forward(case: Case, actual: dict[str, Any]) -> dict[str, Bracket]:
+    x = case.inputs["x"]
+    repeat, eps = case.params["repeat"], case.params["eps"]
+    exact = _np(ref.sinkhorn(x, repeat, eps))
+    b = forward_bound(x, repeat, eps)
+    nan = np.isnan(exact)
+    low = np.where(nan, np.nan, exact * (1 - b))
+    high = np.where(nan, np.nan, exact * (1 + b))
+    return {"out": Bracket(exact=exact, low=low, high=high)}
+
+
+def given_backward(case: Case, cotangents: dict[str, torch.Tensor], exact: dict[str, torch.Tensor]) -> dict:
+    x = case.inputs["x"]
+    g = _np(exact["grad_x"])
+    bound = gradient_bound(x, cotangents["out"], case.params["repeat"], case.params["eps"])
+    bound = np.where(_nonfinite_matrices(_np(x)), np.inf, bound)
+    return {"grad_x": Bracket(exact=g, low=g - bound, high=g + bound)}
+
+
+def mask(case: Case, margin: float | None) -> dict[str, np.ndarray]:
+    """No kinks: only matrices with a non-finite entry (outside the gradient's domain) are zeroed."""
+    return {"out": _nonfinite_matrices(_np(case.inputs["x"]))}
+
+
+def fd_scale(case: Case) -> dict[str, torch.Tensor]:
+    x = _np(case.inputs["x"])
+    return {"x": torch.from_numpy(np.where(np.isfinite(x), 1.0 + np.abs(x) * 2.0**-8, 0.0))}
+
+
+register(OpSpec(
+    name="mhc.sinkhorn",
+    oracle=ref.sinkhorn,
+    strategy=strategies.mhc.sinkhorn_cases,
+    outputs={"out": SinkhornWithin("fp32", sums=True)},
+    impls={
+        "torch": torch_impl("kernels.torch.mhc:sinkhorn"),
+        "tilelang": tilelang_impl("kernels.mhc:sinkhorn"),
+    },
+    given=given_forward,
+    doc="mHC Sinkhorn: softmax + eps, then column / (row, column)* normalisations with + eps.",
+    backward=Backward(
+        inputs=("x",),
+        grads={"grad_x": SinkhornWithin("fp32")},
+        outputs=("out",),
+        oracle=ref.sinkhorn_bwd,
+        forward=ref.sinkhorn,
+        impls={
+            "torch": torch_impl("kernels.torch.mhc:sinkhorn_bwd"),
+            "tilelang": tilelang_impl("kernels.mhc:sinkhorn_bwd"),
+        },
+        grad_dtype=torch.float32,
+        mask=mask,
+        fd_scale=fd_scale,
+        given=given_backward,
+    ),
+))
