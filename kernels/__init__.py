@@ -21,4 +21,7 @@ KERNELS = {
     "moe.reduce_fused": "kernels.moe:REDUCE_FUSED",
     "moe.normalize_weight": "kernels.moe:NORMALIZE_WEIGHT",
     "transpose.batched_transpose": "kernels.transpose:BATCHED_TRANSPOSE",
+    "quant.token_cast": "kernels.quant:TOKEN_CAST",
+    "quant.block_cast": "kernels.quant:BLOCK_CAST",
+    "quant.cast_back": "kernels.quant:CAST_BACK",
 }

@@ -1,0 +1,1456 @@
+"""Quantisation kernels in TileLang: per-token, per-block and per-channel casts to
+e4m3 / e2m1 / e5m6 with block scale factors, cast_back, and SwiGLU fused with a
+per-token cast.
+
+Signatures, argument checks (the same TypeError / ValueError, naming the
+argument: kernels/torch/quant.py's own check functions are called), return
+conventions and layouts are those of ``kernels/torch/quant.py`` (its module
+docstring is the contract); how outputs are judged is
+``tkverify/specs/quant.py``.  In addition every tensor must be on one CUDA
+device and every dimension fit an int32.
+
+Numerics (every kernel)
+-----------------------
+* amax on the fp32 bits: |x| is ``bits & 0x7FFFFFFF`` (for bf16 input, on the
+  raw halves: a per-halfword unsigned max), whose integer order is the order
+  of the magnitudes with every NaN above +inf; for computed values (fp32
+  input, SwiGLU's y) a ``max.NaN`` of |v|.  Either way a NaN reaches the amax
+  (no maxNum that drops it), and a block is non-finite iff its amax bits are
+  >= 0x7F800000.  a = max(amax, clamp_min) is an integer max of the bits.
+* sf of a non-finite block: NaN (ue8m0 0xFF), and so is its reciprocal: every
+  quotient of the block is NaN (e2m1, which has no NaN, gets code 7 there).
+* plain sf = a / max_q by IEEE division (``__fdiv_rn``).  The quotient x / sf:
+  - e4m3, e5m6: q = x * r (``__fmul_rn``, r = ``__fdiv_rn(1, sf)``) and one
+    Markstein correction q' = q - (q * sf - x) * r (two ``__fmaf_rn``): with r
+    the correctly rounded reciprocal and q within an ULP, the residual is
+    exact and q' is the correctly rounded quotient, as an IEEE division gives.
+    The residual is exact unless x is tiny (|x| <~ 2^-100); the correction is
+    applied in blocks with a >= 2^-60, where every x that can round to a
+    non-zero code is large enough.  Below that (tiny clamp_min) q alone is
+    within 2^-23 of x / sf.  The negated form keeps -0 a -0.
+  - e2m1 and SwiGLU: q = x * r alone, r = rcp.approx(sf) (within 1 ULP): q is
+    within 1.5 * 2^-23 of x / sf, inside the spec's 2^-22 window (a code may
+    be the neighbour where x / sf lies that close to a rounding boundary; the
+    report counts those); for SwiGLU y itself is judged to 2^-18.  These two
+    casts are issue-bound, and the correction would cost 2 of their ~17
+    (e2m1) and ~30 (SwiGLU) instructions per element.
+* round_sf: sf = 2^k with k the least integer such that max_q * 2^k >= a, read
+  off the bits exactly: with a = 1.m_a * 2^e_a and max_q = 1.m_q * 2^e_q,
+  k = e_a - e_q + (m_a > m_q).  sf and 1 / sf are built from exponent bits
+  (both normal: a >= max_q * 2^-126 by the clamp_min check), so x * 2^-k is
+  the exact quotient (the correction then adds an exact zero).
+* ue8m0 byte: the biased exponent k + 127 of that power of two (0xFF for NaN),
+  never a cast.  Packed: byte c of a row goes to byte c % 4 of int32 word
+  c / 4 (little-endian), written as a byte into the int32 storage; the padding
+  bytes of a last partial word come from the wrapper's torch.zeros.
+* sf layouts: sf element (row, col) is at row * s0 + col * s1 (sf elements,
+  int64) of the flat storage, so the row-major and the TMA-aligned
+  column-major layouts (and, for a precomputed sf read as input, any strides)
+  are one code path.  A precomputed ue8m0 byte b reads as 2^(b - 127) (0: the
+  subnormal 2^-127; 0xFF: NaN).
+* Rounding to the element formats, all round-to-nearest-even with satfinite:
+  - e4m3: the hardware conversion ``cvt.rn.satfinite.e4m3x2.f32`` (sm_89+, one
+    instruction for two values): RNE in every range including subnormals,
+    finite overflow and +-inf to +-448, NaN to NaN (PTX ISA, cvt).  Prelude
+    ``tkq_e4m3x2``, with a bit-exact integer model for other targets and the
+    CPU emulation.
+  - e2m1 (no conversion instruction on sm_90): y = min(|q|, 6) (every value
+    past 5 rounds to 6; NaN gives 6); with M = 2^23 the fp32 operations
+    fma(y, 2, M), y + (M + 2) and fma(y, 1/2, M + 4) round 2y, y and y/2 to
+    integers (RNE, in the adder): the e2m1 grids of [0, 2), [2, 4) and [4, 8)
+    offset by each binade's first code.  Each over-estimates the code outside
+    its binade, so the code is the low 3 bits of the least of the three (one
+    3-input integer min); the sign (bit 3 of q >> 28) is muxed in with one
+    LOP3.  Exact for subnormal quotients (e2m1 at sf = 2^-126) as everywhere.
+  - e5m6 (never via fp16, which would round twice): C = 2^(max(e, -14) + 17),
+    e the binade of |q| (clamped at 2^16), makes the fp32 adder round |q| + C
+    at e5m6's spacing in that binade (RNE, subnormals included); the code is
+    bits(|q| + C) - bits(C) plus the binade's first code, saturated at 0x7BF
+    (65024).  NaN -> 0x7E0; an exactly infinite quotient (a precomputed sf of
+    0, or x = +-inf) -> 0x7C0 (an fp32 overflow of a finite one saturates);
+    sign 0x800.
+* No flush-to-zero where it matters: tilelang compiles without
+  --use_fast_math, and every rounding-sensitive operation is an explicit
+  ``_rn`` intrinsic (never contracted into an FMA).  The only .ftz operations
+  are the rcp.approx of sf (a normal number with a normal reciprocal) and of
+  SwiGLU's 1 + exp(-l) (a flushed sigmoid is inside the spec's allowance).
+
+per-token casts and swiglu_forward_and_per_token_cast (kernel quant.token_cast)
+-------------------------------------------------------------------------------
+x is read as 32-bit words in *chunks* of 8 consecutive elements (16 bytes of
+bf16, 32 of fp32); every load is a 16-byte vector.  A block of npc = 8 * L * K
+elements (H % 8 == 0) belongs to a group of L consecutive lanes of a warp (a
+power of two), each lane taking K chunks of it.  The group's amax is reduced
+with ``__shfl_xor_sync`` (every lane of the warp takes part, lanes past the
+end with 0), every lane computes the sf, and the group's first lane writes it.
+
+* Fast paths (``path`` = K): the K chunks stay in registers.  bf16: K = 4
+  (npc / 32 a power of two <= 32: npc 32 .. 1024), else K = 2 (npc 16, or
+  npc / 16 a power of two); fp32: K = 2.  Lane j of block b takes the K
+  contiguous chunks b * L * K + j * K + k, so that its codes leave in one
+  vector store (e2m1 K = 4: 16 bytes; e4m3: 2 x 16; e5m6: 3 x 16) and a warp
+  stores contiguous bytes.  A 256-thread CTA takes 1024 chunks (bf16; 512 for
+  fp32: 64 bytes of input per lane, 128 for fp32 swiglu), every load issued
+  first and unconditionally (lanes past the end load chunk 0 and store
+  nothing: no branch for the compiler to schedule around).  Then per block:
+  amax, shuffles, sf, the 8K quotients and codes, the store.  At most 85
+  registers (3 CTAs per SM).
+* Generic path (0; npc = H not of that form): L = gcd(npc / 8, 32), lane j's
+  chunk k of block b is chunk (b * K + k) * L + j (a warp's loads of one k are
+  contiguous); a loop over the K chunks for the amax, then a second loop (its
+  loads hit L1 / L2) that quantises and stores chunk by chunk.
+* H % 8 != 0 (only with npc = H): the wrapper zero-pads the rows to a
+  multiple of 8 (zeros do not move an amax) and crops the data.
+* sf_only skips the data stores; precomputed sf reads each block's sf (fp32,
+  ue8m0 or packed, any strides) and divides (``__fdiv_rn``: sf = 0,
+  subnormal, inf or NaN give what IEEE division gives).
+
+SwiGLU is the same kernel with another source of values: block b of y is in
+row b / cols (a multiply-shift division) of x (N, 2H); a chunk reads 8 values
+of l = x[row, :H] and of r = x[row, H:] and computes, in fp32,
+l = min.NaN(l, c), r = max.NaN(min.NaN(r, c), -c) (a NaN stays NaN; without a
+clamp c = +inf), y = ((l * sigmoid(l)) * r) * w with sigmoid(l) =
+rcp.approx(1 + expf(-l)) (libdevice's accurate expf, not __expf) and each
+product ``__fmul_rn``.  Rows whose pos_to_token_topk is -1 are padding: not
+read, y = 0 (codes +0, the sf of a zero block), not counted.  The clamp counts
+(l > c, r > c, r < -c, before clamping) are per-thread int32, summed over the
+warp and added to the int64 clamped_count with one atomicAdd per warp and
+counter (int64 all the way, so no count can overflow).
+
+per_block_cast / per_channel_cast (kernel quant.block_cast)
+-----------------------------------------------------------
+Blocks of bm x bk with bk in {1, 32, 128}.  A 128-thread CTA takes one row of
+blocks (bm rows) and 256 columns; thread t owns columns 2t and 2t + 1 (so an
+e2m1 byte, two columns, has one writer even with bk = 1).  Pass 1 walks the bm
+rows and keeps the amax of each of its two columns; the column amaxes meet in
+shared memory per block (integer atomicMax on the bits); pass 2 walks the
+rows again (L1/L2) and quantises (q = x * r with the Markstein correction for
+both formats; these kernels are not issue-bound).  Rows past T are never
+read or written.  Element loads and byte stores (any H).
+
+cast_back (kernel quant.cast_back)
+----------------------------------
+One thread per unit (1 element for e4m3, 2 for e2m1: one byte, 8 for e5m6:
+three words), a CTA per (row, 256 units).  Codes are decoded exactly from
+their bits.  fp32 out: q * sf by ``__fmul_rn`` (one rounding of the exact
+product, subnormals and overflow included).  bf16 out: the exact product in
+fp64 (8 + 24 significant bits), converted to fp32 rounding to odd (toward
+zero, then the sticky bit), then ``__float2bfloat16_rn``: one correct
+rounding (a double rounding through RNE fp32 would not be).
+
+Launches and sizes
+------------------
+Indices are int32 within a launch (sf offsets int64); the wrappers cut row
+ranges so that one token_cast launch covers at most 2^26 chunks of y and no
+grid exceeds 2^31 - 1 CTAs.  T = 0 returns empty outputs without a launch.
+Every global access is guarded by hand (tilelang's safe-memory legalisation
+is disabled, as in the other kernel families).
+
+Static configurations: token_cast (source x / swiglu, input dtype, format) 12,
+block_cast (input dtype, format e4m3 / e2m1) 4, cast_back (format, out dtype) 6.
+Everything else (npc, block geometry, sf storage, round_sf, layout, clamp_min,
+T, H) is a runtime argument.
+"""
+
+# No `from __future__ import annotations` here: tilelang evaluates the
+# prim_func parameter annotations, which name the builders' local symbolic sizes.
+import math
+import struct
+from typing import Any, NamedTuple
+
+import torch
+
+from . import _tilelang
+from ._tilelang import KernelDef
+from .torch import quant as eager
+
+# ----------------------------------------------------------------- constants
+
+FORMATS = eager.FORMATS
+MAX_Q = eager.MAX_Q
+IN_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
+
+THREADS = 256
+CHUNK = 8  # elements per chunk
+VECTOR_BYTES = 16
+WARP = 32
+WORDS_PER_CHUNK = {"bfloat16": 4, "float32": 8}  # 32-bit words of input per chunk
+DATA_WORDS_PER_CHUNK = {"e4m3": 2, "e2m1": 1, "e5m6": 3}
+# Fast paths: K chunks per lane and block held in registers (K in fast_paths()); a CTA takes
+# FAST_CHUNKS chunks (every lane 64 bytes of input loaded at once; 128 for fp32 swiglu).
+FAST_CHUNKS = {("x", "bfloat16"): 4 * THREADS, ("x", "float32"): 2 * THREADS,
+               ("swiglu", "bfloat16"): 4 * THREADS, ("swiglu", "float32"): 2 * THREADS}
+GENERIC_STEPS = 2  # blocks per lane in the generic (two-pass) path
+MAX_CHUNKS_PER_LAUNCH = 2**26  # token_cast: chunks of y per launch (x indices stay below 2^31)
+MAX_BLOCKS_PER_LAUNCH = 2**31 - 1  # CTAs per launch (1-D grids)
+
+
+def fast_paths(source: str, dtype: str) -> tuple[int, ...]:
+    """Chunks per lane (K) of the register-resident fast paths of a token_cast configuration."""
+    return (2, 4) if dtype == "bfloat16" else (2,)
+
+
+SF_FP32, SF_UE8M0, SF_PACKED = 0, 1, 2
+
+# max_q = 1.m_q * 2^e_q: the exponent and the mantissa bits, for round_sf.
+_MAXQ_BITS = {fmt: struct.unpack("<I", struct.pack("<f", value))[0] for fmt, value in MAX_Q.items()}
+MAXQ_EXP = {fmt: ((bits >> 23) & 0xFF) - 127 for fmt, bits in _MAXQ_BITS.items()}
+MAXQ_MANT = {fmt: bits & 0x7FFFFF for fmt, bits in _MAXQ_BITS.items()}
+
+F32_INF = 0x7F800000
+F32_QNAN = 0x7FC00000
+# The Markstein correction is applied in blocks with a >= 2^-60 (see the docstring).
+CORRECTION_MIN_BITS = (127 - 60) << 23
+
+# --------------------------------------------------------------------- prelude
+# Device helpers placed before the generated kernel.  The asm paths are the
+# ones compiled for the GPU; the portable paths are bit-exact models used on
+# other architectures and by CPU emulation of the generated source.
+PRELUDE = r"""
+#ifndef TKQ_PRELUDE
+#define TKQ_PRELUDE
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#endif
+// RNE + satfinite e4m3 code of one float (integer model of the hardware cvt).
+__device__ __forceinline__ unsigned tkq_soft_e4m3(float f) {
+  unsigned b = __float_as_uint(f);
+  unsigned s = (b >> 24) & 0x80u;
+  unsigned u = b & 0x7fffffffu;
+  if (u > 0x7f800000u) return 0x7fu;                 // NaN
+  if (u >= 0x43e00000u) return s | 0x7eu;            // >= 448 (incl. inf): satfinite
+  int e = (int)(u >> 23) - 127;
+  unsigned code;
+  if (e >= -6) {                                     // normal e4m3: keep 3 mantissa bits
+    code = ((u + 0x7ffffu + ((u >> 20) & 1u)) >> 20) - (120u << 3);
+  } else {                                           // subnormal e4m3: multiples of 2^-9
+    unsigned mant = (u & 0x7fffffu) | 0x800000u;
+    int sh = 14 - e;
+    if (sh > 25) sh = 25;
+    code = (mant + (1u << (sh - 1)) - 1u + ((mant >> sh) & 1u)) >> sh;
+  }
+  if (code > 0x7eu) code = 0x7eu;
+  return s | code;
+}
+// Two e4m3 codes: lo in bits 0-7, hi in bits 8-15.
+__device__ __forceinline__ unsigned tkq_e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890)
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return (unsigned)r;
+#else
+  return tkq_soft_e4m3(lo) | (tkq_soft_e4m3(hi) << 8);
+#endif
+}
+// (lo & 7) | (hi & ~7) in one LOP3 (the compiler splits the C form into two).
+__device__ __forceinline__ unsigned tkq_mux_low3(unsigned hi, unsigned lo) {
+#if defined(__CUDA_ARCH__)
+  unsigned r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xd8;" : "=r"(r) : "r"(hi), "r"(lo), "r"(7u));
+  return r;
+#else
+  return (lo & 7u) | (hi & ~7u);
+#endif
+}
+// 1 / x to within 1 ULP (rcp.approx.ftz).  Used where x is normal and a result below 2^-126
+// either cannot happen (x = sf in [2^-126, 2^126]) or is covered by the spec (swiglu's
+// sigmoid 1 / (1 + exp(-l)), whose absolute allowance takes a flushed intermediate).
+__device__ __forceinline__ float tkq_rcp_approx(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return 1.0f / x;
+#endif
+}
+// NaN-propagating min / max (min.NaN / max.NaN, sm_80+): one FMNMX, and a NaN operand gives NaN.
+__device__ __forceinline__ float tkq_min_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? __uint_as_float(0x7fffffffu) : (a < b ? a : b);
+#endif
+}
+__device__ __forceinline__ float tkq_max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800)
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? __uint_as_float(0x7fffffffu) : (a > b ? a : b);
+#endif
+}
+// Per-halfword unsigned max of two words.
+__device__ __forceinline__ unsigned tkq_vmaxu2(unsigned a, unsigned b) {
+#if defined(__CUDA_ARCH__)
+  return __vmaxu2(a, b);
+#else
+  unsigned lo = (a & 0xffffu) > (b & 0xffffu) ? (a & 0xffffu) : (b & 0xffffu);
+  unsigned hi = (a >> 16) > (b >> 16) ? (a >> 16) : (b >> 16);
+  return lo | (hi << 16);
+#endif
+}
+// bf16 bits of q * sf rounded once (RNE): the exact product in fp64, rounded to odd
+// into fp32 (toward zero, then the sticky bit), then RNE to bf16.
+__device__ __forceinline__ unsigned tkq_bf16_product(float q, float sf) {
+  double p = (double)q * (double)sf;
+#if defined(__CUDA_ARCH__)
+  float t = __double2float_rz(p);
+#else
+  float t = (float)p;                            // round to nearest, then one step toward zero if it went up
+  if (t == t && fabs((double)t) > fabs(p)) t = __uint_as_float(__float_as_uint(t) - 1u);
+#endif
+  unsigned tb = __float_as_uint(t);
+  if ((double)t != p && p == p) tb |= 1u;
+#if defined(__CUDA_ARCH__)
+  return (unsigned)__bfloat16_as_ushort(__float2bfloat16_rn(__uint_as_float(tb)));
+#else
+  if ((tb & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+  return (tb + 0x7fffu + ((tb >> 16) & 1u)) >> 16;
+#endif
+}
+#endif
+"""
+
+# ------------------------------------------------------------------- TIR helpers
+
+
+def _bits(T, f):
+    return T.reinterpret(f, "uint32")
+
+
+def _f32(T, u):
+    return T.reinterpret(u, "float32")
+
+
+def _u(T, v):
+    return T.uint32(v)
+
+
+def _e2m1_nibble(T, q):
+    """e2m1 code (sign in bit 3) of the fp32 quotient q, RNE with satfinite (see the docstring).
+
+    y = min(|q|, 6) (6 saturates: every y > 5 rounds to 6; NaN gives 6); the code
+    is the least of the three candidates' low bits, muxed into q >> 28 (whose
+    bit 3 is the sign) in one LOP3.
+    """
+    y = T.min(T.abs(q), T.float32(6.0))
+    t1 = _bits(T, T.ieee_fmaf(y, T.float32(2.0), T.float32(2.0**23)))
+    t2 = _bits(T, T.ieee_add(y, T.float32(2.0**23 + 2)))
+    t3 = _bits(T, T.ieee_fmaf(y, T.float32(0.5), T.float32(2.0**23 + 4)))
+    code = T.min(T.min(t1, t2), t3)
+    # q >> 28 has the sign in bit 3; its bits 0-2 are replaced by the code's
+    return T.call_extern("uint32", "tkq_mux_low3", _bits(T, q) >> _u(T, 28), code)
+
+
+def _e5m6_code(T, q, inf_exact=None):
+    """12-bit e5m6 code of the fp32 quotient q, RNE with satfinite (see the docstring).
+
+    inf_exact: where the exact quotient is infinite (precomputed sf only); an
+    infinite q elsewhere is an fp32 overflow of a finite quotient and saturates.
+    """
+    b = _bits(T, q)
+    u = b & _u(T, 0x7FFFFFFF)
+    uc = T.min(u, _u(T, 0x47800000))  # 2^16: past the top, keeps C finite
+    e = T.max(uc >> _u(T, 23), _u(T, 113))  # biased binade, at least e5m6's emin (-14)
+    c_bits = (e + _u(T, 17)) << _u(T, 23)  # C = 2^(e - 127 + 17): ulp(C) is the e5m6 spacing
+    v = T.ieee_add(_f32(T, uc), _f32(T, c_bits))
+    code = T.min(_bits(T, v) - c_bits + ((e - _u(T, 113)) << _u(T, 6)), _u(T, 0x7BF))
+    code = T.if_then_else(T.Cast("int32", u) > F32_INF, _u(T, 0x7E0), code)
+    if inf_exact is not None:
+        code = T.if_then_else(T.And(inf_exact, u == _u(T, F32_INF)), _u(T, 0x7C0), code)
+    return code | ((b >> _u(T, 20)) & _u(T, 0x800))
+
+
+def _ue8m0_value(T, byte):
+    """fp32 value 2^(byte - 127) of a ue8m0 byte (uint32); 0xFF is NaN, 0 is 2^-127."""
+    return _f32(T, T.if_then_else(
+        byte == _u(T, 0xFF), _u(T, F32_QNAN),
+        T.if_then_else(byte == _u(T, 0), _u(T, 0x00400000), byte << _u(T, 23))))
+
+
+def _fastdiv(T, n, mul, shift):
+    """n // d for 0 <= n < 2^31, with (mul, shift) = `magic_divisor(d)`."""
+    return T.Cast("int32", (T.Cast("int64", n) * mul) >> shift)
+
+
+def magic_divisor(d: int) -> tuple[int, int]:
+    """(mul, shift) with n // d == (n * mul) >> shift for every 0 <= n < 2^31 (1 <= d < 2^31).
+
+    mul = ceil(2^(31 + l) / d) with l = ceil(log2 d): mul * d - 2^(31 + l) < d <= 2^l,
+    so the error of n * mul / 2^(31 + l) against n / d stays below 1 / d.
+    """
+    if not 1 <= d < 2**31:
+        raise ValueError(f"divisor out of range: {d}")
+    l = (d - 1).bit_length()
+    shift = 31 + l
+    mul = -(-(1 << shift) // d)
+    return mul, shift
+
+
+def _scale_macros(T, fmt: str, exact_reciprocal: bool = True):
+    """(scale_of, read_scale, write_scale) macros shared by the cast kernels.
+
+    exact_reciprocal: 1 / sf correctly rounded (``__fdiv_rn``), as the Markstein
+    correction needs; else rcp.approx (within 1 ULP), for the paths that
+    multiply by it without a correction (their quotient stays within 1.5 * 2^-23).
+
+    scale_of(amax_bits, round_sf, clamp_bits, st, ue): st[0] = sf, st[1] = 1 / sf,
+    st[2] = 1 / sf where the Markstein correction applies (else 0), ue[0] = the
+    ue8m0 byte (round_sf), from the block's amax bits (see the module docstring).
+    read_scale / write_scale: sf element (row, col) of the flat storage views
+    (fp32, ue8m0 bytes, or packed: byte col % 4 of int32 word (row, col // 4)).
+    """
+    max_q = MAX_Q[fmt]
+    maxq_exp = MAXQ_EXP[fmt]
+    maxq_mant = MAXQ_MANT[fmt]
+
+    @T.macro
+    def scale_of(amax, round_sf, clamp_bits, st, ue):
+        # st[0] = sf, st[1] = 1/sf, st[2] = 1/sf where the correction applies (else 0); ue[0] = ue8m0 byte
+        a = T.max(amax, clamp_bits)
+        # Signed comparisons: a <= 0x7FFFFFFF, and unsigned ones trip tilelang's simplifier
+        # (a >= C becomes a division, a > C - 1 a negative unsigned literal).
+        if T.Cast("int32", a) > F32_INF - 1:
+            st[0] = _f32(T, _u(T, F32_QNAN))
+            st[1] = _f32(T, _u(T, F32_QNAN))
+            st[2] = _f32(T, _u(T, F32_QNAN))
+            ue[0] = _u(T, 0xFF)
+        elif round_sf != 0:
+            kexp = (a >> _u(T, 23)) - _u(T, maxq_exp) + T.if_then_else(
+                (a & _u(T, 0x7FFFFF)) > _u(T, maxq_mant), _u(T, 1), _u(T, 0))
+            st[0] = _f32(T, kexp << _u(T, 23))
+            st[1] = _f32(T, (_u(T, 254) - kexp) << _u(T, 23))
+            st[2] = T.float32(0)
+            ue[0] = kexp
+        else:
+            st[0] = T.ieee_fdiv(_f32(T, a), T.float32(max_q))
+            if exact_reciprocal:
+                st[1] = T.ieee_fdiv(T.float32(1.0), st[0])
+            else:
+                st[1] = T.call_extern("float32", "tkq_rcp_approx", st[0])
+            st[2] = T.if_then_else(T.Cast("int32", a) > CORRECTION_MIN_BITS - 1, st[1], T.float32(0))
+            ue[0] = _u(T, 0)
+
+    @T.macro
+    def read_scale(sf32, sf8, sf_mode, row, col, s0, s1, st, ue):
+        # st[0] <- the given sf of block (row, col)
+        if sf_mode == SF_FP32:
+            st[0] = sf32[T.Cast("int64", row) * s0 + T.Cast("int64", col) * s1]
+        else:
+            if sf_mode == SF_UE8M0:
+                ue[0] = T.Cast("uint32", sf8[T.Cast("int64", row) * s0 + T.Cast("int64", col) * s1])
+            else:
+                packed = T.Cast("int64", row) * s0 + T.Cast("int64", col // 4) * s1
+                ue[0] = T.Cast("uint32", sf8[packed * 4 + col % 4])
+            st[0] = _ue8m0_value(T, ue[0])
+
+    @T.macro
+    def write_scale(sf32, sf8, sf_mode, row, col, s0, s1, st, ue):
+        if sf_mode == SF_FP32:
+            sf32[T.Cast("int64", row) * s0 + T.Cast("int64", col) * s1] = st[0]
+        elif sf_mode == SF_UE8M0:
+            sf8[T.Cast("int64", row) * s0 + T.Cast("int64", col) * s1] = T.Cast("uint8", ue[0])
+        else:
+            packed = T.Cast("int64", row) * s0 + T.Cast("int64", col // 4) * s1
+            sf8[packed * 4 + col % 4] = T.Cast("uint8", ue[0])
+
+    return scale_of, read_scale, write_scale
+
+
+# ------------------------------------------------------------ token_cast kernel
+
+
+class TokenConfig(NamedTuple):
+    source: str  # "x" (per-token casts) or "swiglu"
+    dtype: str  # input dtype: "bfloat16" or "float32"
+    fmt: str  # "e4m3", "e2m1" or "e5m6"
+
+
+TOKEN_CONFIGS = tuple(TokenConfig(source, dtype, fmt) for source in ("x", "swiglu")
+                      for dtype in ("bfloat16", "float32") for fmt in FORMATS)
+
+
+def build_token_cast(config: TokenConfig):
+    """prim_func of the per-token cast (source x) or SwiGLU + per-token cast (source swiglu)."""
+    T = _tilelang.T()
+    source, dtype, fmt = config
+    swiglu = source == "swiglu"
+    wpc = WORDS_PER_CHUNK[dtype]
+    dpc = DATA_WORDS_PER_CHUNK[fmt]
+    bf16 = dtype == "bfloat16"
+    width = 2 * wpc if swiglu else wpc  # words a slot holds (swiglu: l, then r)
+    fast_ks = fast_paths(source, dtype)
+    fast_chunks = FAST_CHUNKS[source, dtype]
+    n_xw, n_dw, n_s32, n_s8, n_pos, n_tw, n_cnt = T.dynamic("n_xw, n_dw, n_s32, n_s8, n_pos, n_tw, n_cnt")
+    # the quotient is x * (1/sf) alone for swiglu and e2m1 (see encode_chunk), with a correction otherwise
+    scale_of, read_scale, write_scale = _scale_macros(T, fmt, exact_reciprocal=not (swiglu or fmt == "e2m1"))
+
+    def even_value(words, slot, base, p):
+        """fp32 value of element 2p of the chunk in words[slot, base:] (bf16: the low half of word p)."""
+        if bf16:
+            return _f32(T, words[slot, base + p] << _u(T, 16))
+        return _f32(T, words[slot, base + 2 * p])
+
+    def odd_value(words, slot, base, p):
+        """fp32 value of element 2p + 1 (bf16: the high half of word p)."""
+        if bf16:
+            return _f32(T, words[slot, base + p] & _u(T, 0xFFFF0000))
+        return _f32(T, words[slot, base + 2 * p + 1])
+
+    @T.macro
+    def load_chunk(xw, words, slot, chunk, row, hidden_chunks):
+        # words[slot, :wpc] <- the chunk's input words (swiglu: l; r goes to words[slot, wpc:])
+        if swiglu:
+            # chunk c of row `row` of y: l is chunk c + row * H/8 of x (N, 2H), r H/8 chunks further
+            for v in T.vectorized(wpc):
+                words[slot, v] = T.Cast("uint32", xw[(chunk + row * hidden_chunks) * wpc + v])
+            for v in T.vectorized(wpc):
+                words[slot, wpc + v] = T.Cast("uint32", xw[(chunk + row * hidden_chunks + hidden_chunks) * wpc + v])
+        else:
+            for v in T.vectorized(wpc):
+                words[slot, v] = T.Cast("uint32", xw[chunk * wpc + v])
+
+    @T.macro
+    def swiglu_value(vals, i, lv, rv, weight, clamp, counts, count_now):
+        if count_now:
+            counts[0] = counts[0] + T.if_then_else(lv > clamp, 1, 0)
+            counts[1] = counts[1] + T.if_then_else(rv > clamp, 1, 0)
+            counts[2] = counts[2] + T.if_then_else(rv < -clamp, 1, 0)
+        # NaN-propagating min / max (fminf / fmaxf would turn a NaN into the clamp)
+        lc = T.call_extern("float32", "tkq_min_nan", lv, clamp)
+        rc = T.call_extern("float32", "tkq_max_nan", T.call_extern("float32", "tkq_min_nan", rv, clamp), -clamp)
+        sig = T.call_extern("float32", "tkq_rcp_approx", T.ieee_add(T.float32(1.0), T.exp(-lc)))
+        vals[i] = T.ieee_mul(T.ieee_mul(T.ieee_mul(lc, sig), rc), weight)
+
+    @T.macro
+    def chunk_values(words, slot, vals, base, live, weight, clamp, counts, count_now):
+        # vals[base : base + 8] <- the chunk's fp32 values (swiglu: y, 0 in padding rows)
+        if swiglu:
+            for i in T.unroll(CHUNK):
+                vals[base + i] = T.float32(0)
+            if live:
+                for p in T.unroll(CHUNK // 2):
+                    swiglu_value(vals, base + 2 * p, even_value(words, slot, 0, p), even_value(words, slot, wpc, p),
+                                 weight, clamp, counts, count_now)
+                    swiglu_value(vals, base + 2 * p + 1, odd_value(words, slot, 0, p), odd_value(words, slot, wpc, p),
+                                 weight, clamp, counts, count_now)
+        else:
+            for p in T.unroll(CHUNK // 2):
+                vals[base + 2 * p] = even_value(words, slot, 0, p)
+                vals[base + 2 * p + 1] = odd_value(words, slot, 0, p)
+
+    def chunk_amax(words, slot, vals, base):
+        """uint32 amax bits of the chunk (NaN above inf): an integer max of |bits|."""
+        if bf16 and not swiglu:
+            # on the raw bf16 halves: per-halfword max, then the larger half
+            pair = [words[slot, i] & _u(T, 0x7FFF7FFF) for i in range(4)]
+            m = T.call_extern("uint32", "tkq_vmaxu2", T.call_extern("uint32", "tkq_vmaxu2", pair[0], pair[1]),
+                              T.call_extern("uint32", "tkq_vmaxu2", pair[2], pair[3]))
+            return T.max(m & _u(T, 0xFFFF), m >> _u(T, 16)) << _u(T, 16)
+        # max.NaN of |v| (one FMNMX each, a NaN propagates); its bits are the amax bits
+        m = T.abs(vals[base])
+        for i in range(1, CHUNK):
+            m = T.call_extern("float32", "tkq_max_nan", m, T.abs(vals[base + i]))
+        return _bits(T, m)
+
+    @T.macro
+    def encode_chunk(vals, base, q, codes, st, precomputed, out, obase):
+        # out[obase : obase + dpc] <- the data words of the codes of vals[base : base + 8] / sf
+        if precomputed != 0:
+            for i in T.unroll(CHUNK):
+                q[i] = T.ieee_fdiv(vals[base + i], st[0])
+        elif swiglu or fmt == "e2m1":
+            # x * (1/sf) alone: within 2^-23 of x / sf.  e2m1: the spec's window is 2^-22, and the
+            # correction would cost 2 of the ~17 instructions per element of this issue-bound cast;
+            # swiglu: y itself is only judged to 2^-18.
+            for i in T.unroll(CHUNK):
+                q[i] = T.ieee_mul(vals[base + i], st[1])
+        else:
+            for i in T.unroll(CHUNK):
+                q0 = T.ieee_mul(vals[base + i], st[1])
+                residual = T.ieee_fmaf(q0, st[0], -vals[base + i])
+                q[i] = T.ieee_fmaf(-residual, st[2], q0)
+        if fmt == "e4m3":
+            for w in T.unroll(2):
+                out[obase + w] = T.call_extern("uint32", "tkq_e4m3x2", q[4 * w], q[4 * w + 1]) | (
+                    T.call_extern("uint32", "tkq_e4m3x2", q[4 * w + 2], q[4 * w + 3]) << _u(T, 16))
+        elif fmt == "e2m1":
+            for i in T.unroll(CHUNK):
+                codes[i] = _e2m1_nibble(T, q[i])
+            # disjoint bit fields: sums, which the compiler turns into IMAD / LEA (an OR costs a shift too)
+            pairs = [codes[2 * p] + codes[2 * p + 1] * _u(T, 16) for p in range(4)]
+            out[obase] = (pairs[0] + pairs[1] * _u(T, 256)) + (pairs[2] + pairs[3] * _u(T, 256)) * _u(T, 65536)
+        else:
+            # e5m6: 8 codes h0..h7 in three words (OPS.md)
+            for i in T.unroll(CHUNK):
+                if precomputed != 0:
+                    inf_exact = T.Or((_bits(T, vals[base + i]) & _u(T, 0x7FFFFFFF)) == _u(T, F32_INF),
+                                     st[0] == T.float32(0))
+                    codes[i] = _e5m6_code(T, q[i], inf_exact)
+                else:
+                    codes[i] = _e5m6_code(T, q[i])
+            h = [codes[i] for i in range(CHUNK)]
+            out[obase] = (h[0] << _u(T, 20)) | (h[1] << _u(T, 8)) | (h[2] >> _u(T, 4))
+            out[obase + 1] = (h[2] << _u(T, 28)) | (h[3] << _u(T, 16)) | (h[4] << _u(T, 4)) | (h[5] >> _u(T, 8))
+            out[obase + 2] = (h[5] << _u(T, 24)) | (h[6] << _u(T, 12)) | h[7]
+
+    @T.macro
+    def row_of_block(pos, tw, block, valid, has_pos, has_w, cols_mul, cols_shift, rows, live, weight, u):
+        # rows[u], live[u], weight[u] of block `block` (swiglu: padding rows are not live)
+        rows[u] = T.if_then_else(valid, _fastdiv(T, block, cols_mul, cols_shift), 0)  # row 0: always there
+        live[u] = 1
+        weight[u] = T.float32(1.0)
+        if swiglu:
+            if valid and has_pos != 0:
+                if pos[rows[u]] < 0:
+                    live[u] = 0
+                elif has_w != 0:
+                    weight[u] = tw[pos[rows[u]]]
+
+    @T.macro
+    def block_scale(amax, valid, lane_in_group, precomputed, sf32, sf8, sf_mode, row, col, s0, s1, round_sf,
+                    clamp_bits, st, ue):
+        # st, ue <- the block's sf (computed and written by the group's first lane, or read)
+        if precomputed != 0:
+            if valid:
+                read_scale(sf32, sf8, sf_mode, row, col, s0, s1, st, ue)
+        else:
+            scale_of(amax, round_sf, clamp_bits, st, ue)
+            if valid and lane_in_group == 0:
+                write_scale(sf32, sf8, sf_mode, row, col, s0, s1, st, ue)
+
+    @T.macro
+    def fast_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, cols, cols_mul, cols_shift, row0, s0, s1,
+                  sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w, do_count,
+                  clamp, cta, tx, kf, nsteps, counts):
+        # kf chunks per lane and block (static), nsteps blocks per lane; every load is issued first.
+        # Out-of-range lanes load chunk 0 of row 0 (always there) instead of branching, and store nothing.
+        lanes = 1 << lanes_log2
+        lane_in_group = tx & (lanes - 1)
+        groups = THREADS >> lanes_log2  # blocks per CTA step
+        words = T.alloc_local((nsteps * kf, width), "uint32")
+        vals = T.alloc_local((kf * CHUNK,), "float32")
+        q = T.alloc_local((CHUNK,), "float32")
+        st = T.alloc_local((3,), "float32")
+        ue = T.alloc_local((1,), "uint32")
+        codes = T.alloc_local((CHUNK,), "uint32")
+        out = T.alloc_local((kf * dpc,), "uint32")
+        rows = T.alloc_local((nsteps,), "int32")
+        live = T.alloc_local((nsteps,), "int32")
+        weight = T.alloc_local((nsteps,), "float32")
+        amax = T.alloc_var("uint32", init=0)
+        for u in T.unroll(nsteps):
+            block = (cta * nsteps + u) * groups + (tx >> lanes_log2)
+            row_of_block(pos, tw, block, block < num_blocks, has_pos, has_w, cols_mul, cols_shift, rows, live, weight,
+                         u)
+            for k in T.unroll(kf):
+                chunk = T.if_then_else(block < num_blocks, (block * lanes + lane_in_group) * kf + k, 0)
+                if live[u] != 0:
+                    load_chunk(xw, words, u * kf + k, chunk, rows[u], hidden_chunks)
+        for u in T.unroll(nsteps):
+            block = (cta * nsteps + u) * groups + (tx >> lanes_log2)
+            valid = block < num_blocks
+            amax = _u(T, 0)
+            for k in T.unroll(kf):
+                chunk_values(words, u * kf + k, vals, k * CHUNK, live[u] != 0, weight[u], clamp, counts,
+                             T.And(do_count != 0, valid))
+                amax = T.max(amax, chunk_amax(words, u * kf + k, vals, k * CHUNK))
+            amax = T.if_then_else(valid, amax, _u(T, 0))
+            for s in T.unroll(5):
+                if s < lanes_log2:
+                    amax = T.max(amax, T.shfl_xor(amax, 1 << s))
+            block_scale(amax, valid, lane_in_group, precomputed, sf32, sf8, sf_mode, row0 + rows[u],
+                        block - rows[u] * cols, s0, s1, round_sf, clamp_bits, st, ue)
+            if with_data != 0:
+                for k in T.unroll(kf):
+                    encode_chunk(vals, k * CHUNK, q, codes, st, precomputed, out, k * dpc)
+                if valid:
+                    # the lane's kf chunks are contiguous: one vector store of kf * dpc words
+                    for v in T.vectorized(kf * dpc):
+                        dw[(block * lanes + lane_in_group) * (kf * dpc) + v] = T.Cast("int32", out[v])
+
+    @T.macro
+    def generic_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, blk_k, cols, cols_mul, cols_shift, row0, s0,
+                     s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
+                     do_count, clamp, cta, tx, counts):
+        # Any K (L = gcd(npc / 8, 32)): a loop over the block's chunks for the amax, then a second one
+        # (its loads hit L1 / L2) that quantises.  GENERIC_STEPS blocks per lane.
+        lanes = 1 << lanes_log2
+        lane_in_group = tx & (lanes - 1)
+        groups = THREADS >> lanes_log2
+        words = T.alloc_local((1, width), "uint32")
+        vals = T.alloc_local((CHUNK,), "float32")
+        q = T.alloc_local((CHUNK,), "float32")
+        st = T.alloc_local((3,), "float32")
+        ue = T.alloc_local((1,), "uint32")
+        codes = T.alloc_local((CHUNK,), "uint32")
+        out = T.alloc_local((dpc,), "uint32")
+        rows = T.alloc_local((1,), "int32")
+        live = T.alloc_local((1,), "int32")
+        weight = T.alloc_local((1,), "float32")
+        amax = T.alloc_var("uint32", init=0)
+        for u in T.serial(GENERIC_STEPS):
+            block = (cta * GENERIC_STEPS + u) * groups + (tx >> lanes_log2)
+            valid = block < num_blocks
+            row_of_block(pos, tw, block, valid, has_pos, has_w, cols_mul, cols_shift, rows, live, weight, 0)
+            amax = _u(T, 0)
+            if valid:
+                for k in T.serial(blk_k):
+                    chunk = (block * blk_k + k) * lanes + lane_in_group
+                    if live[0] != 0:
+                        load_chunk(xw, words, 0, chunk, rows[0], hidden_chunks)
+                    chunk_values(words, 0, vals, 0, live[0] != 0, weight[0], clamp, counts, do_count != 0)
+                    amax = T.max(amax, chunk_amax(words, 0, vals, 0))
+            for s in T.unroll(5):
+                if s < lanes_log2:
+                    amax = T.max(amax, T.shfl_xor(amax, 1 << s))
+            block_scale(amax, valid, lane_in_group, precomputed, sf32, sf8, sf_mode, row0 + rows[0],
+                        block - rows[0] * cols, s0, s1, round_sf, clamp_bits, st, ue)
+            if valid and with_data != 0:
+                for k in T.serial(blk_k):
+                    chunk = (block * blk_k + k) * lanes + lane_in_group
+                    if live[0] != 0:
+                        load_chunk(xw, words, 0, chunk, rows[0], hidden_chunks)
+                    chunk_values(words, 0, vals, 0, live[0] != 0, weight[0], clamp, counts, False)
+                    encode_chunk(vals, 0, q, codes, st, precomputed, out, 0)
+                    for v in T.unroll(dpc):
+                        dw[chunk * dpc + v] = T.Cast("int32", out[v])
+
+    # The two sources differ in their arguments only; one body serves both.
+    @T.macro
+    def kernel_body(xw, dw, sf32, sf8, pos, tw, cnt, num_chunks, num_blocks, path, lanes_log2, blk_k, cols, cols_mul,
+                    cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, with_data, precomputed, hidden_chunks,
+                    has_pos, has_w, do_count, clamp):
+        # chunks per CTA: FAST_CHUNKS for the fast paths (blk_k * steps * THREADS), else GENERIC_STEPS * THREADS * K
+        chunks_per_cta = T.if_then_else(path != 0, fast_chunks, GENERIC_STEPS * THREADS * blk_k)
+        with T.Kernel(T.ceildiv(num_chunks, chunks_per_cta), threads=THREADS, prelude=PRELUDE) as cta:
+            # at most 85 registers: 3 CTAs (24 warps) per SM for the K = 4 paths (ptxas: no spills)
+            T.annotate_min_blocks_per_sm(3)
+            tx = T.get_thread_binding()
+            counts = T.alloc_local((3,), "int32")
+            clamp_bits = _bits(T, clamp_min)
+            for i in T.unroll(3):
+                counts[i] = 0
+            if path == 0:
+                generic_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, blk_k, cols, cols_mul, cols_shift,
+                             row0, s0, s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks,
+                             has_pos, has_w, do_count, clamp, cta, tx, counts)
+            elif path == 2:
+                fast_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, cols, cols_mul, cols_shift, row0, s0,
+                          s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
+                          do_count, clamp, cta, tx, 2, fast_chunks // (2 * THREADS), counts)
+            elif 4 in fast_ks:
+                fast_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, cols, cols_mul, cols_shift, row0, s0,
+                          s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
+                          do_count, clamp, cta, tx, 4, fast_chunks // (4 * THREADS), counts)
+            if swiglu:
+                if do_count != 0:
+                    for i in T.unroll(3):
+                        total = T.warp_reduce_sum(counts[i])
+                        if (tx & (WARP - 1)) == 0 and total != 0:
+                            T.atomic_add(cnt[i], T.Cast("int64", total))
+
+    if swiglu:
+        @T.prim_func
+        def token_cast_swiglu(
+            xw: T.Tensor((n_xw,), "int32"),
+            dw: T.Tensor((n_dw,), "int32"),
+            sf32: T.Tensor((n_s32,), "float32"),
+            sf8: T.Tensor((n_s8,), "uint8"),
+            pos: T.Tensor((n_pos,), "int32"),
+            tw: T.Tensor((n_tw,), "float32"),
+            cnt: T.Tensor((n_cnt,), "int64"),
+            num_chunks: T.int32,
+            num_blocks: T.int32,
+            path: T.int32,
+            lanes_log2: T.int32,
+            blk_k: T.int32,
+            cols: T.int32,
+            cols_mul: T.int64,
+            cols_shift: T.int64,
+            row0: T.int32,
+            s0: T.int64,
+            s1: T.int64,
+            sf_mode: T.int32,
+            round_sf: T.int32,
+            clamp_min: T.float32,
+            hidden_chunks: T.int32,
+            has_pos: T.int32,
+            has_w: T.int32,
+            do_count: T.int32,
+            clamp: T.float32,
+        ):
+            T.annotate_pass_configs(PASS_CONFIGS)
+            kernel_body(xw, dw, sf32, sf8, pos, tw, cnt, num_chunks, num_blocks, path, lanes_log2, blk_k, cols,
+                        cols_mul, cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, 1, 0, hidden_chunks,
+                        has_pos, has_w, do_count, clamp)
+
+        return token_cast_swiglu
+
+    @T.prim_func
+    def token_cast_x(
+        xw: T.Tensor((n_xw,), "int32"),
+        dw: T.Tensor((n_dw,), "int32"),
+        sf32: T.Tensor((n_s32,), "float32"),
+        sf8: T.Tensor((n_s8,), "uint8"),
+        num_chunks: T.int32,
+        num_blocks: T.int32,
+        path: T.int32,
+        lanes_log2: T.int32,
+        blk_k: T.int32,
+        cols: T.int32,
+        cols_mul: T.int64,
+        cols_shift: T.int64,
+        row0: T.int32,
+        s0: T.int64,
+        s1: T.int64,
+        sf_mode: T.int32,
+        round_sf: T.int32,
+        clamp_min: T.float32,
+        with_data: T.int32,
+        precomputed: T.int32,
+    ):
+        T.annotate_pass_configs(PASS_CONFIGS)
+        kernel_body(xw, dw, sf32, sf8, None, None, None, num_chunks, num_blocks, path, lanes_log2, blk_k, cols,
+                    cols_mul, cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, with_data, precomputed,
+                    0, 0, 0, 0, T.float32(0))
+
+    return token_cast_x
+
+
+TOKEN_CAST = KernelDef("quant.token_cast", build_token_cast, TOKEN_CONFIGS)
+
+
+# ------------------------------------------------------------ block_cast kernel
+# per_block_cast (bm x bk = 128 x 128 or 32 x 32) and per_channel_cast (npt x 1).
+
+BLOCK_THREADS = 128
+BLOCK_COLS = 2 * BLOCK_THREADS  # columns per CTA (two per thread)
+RAW_INPUT = {"bfloat16": "int16", "float32": "int32"}
+
+
+class BlockConfig(NamedTuple):
+    dtype: str  # input dtype: "bfloat16" or "float32"
+    fmt: str  # "e4m3" or "e2m1"
+
+
+BLOCK_CONFIGS = tuple(BlockConfig(dtype, fmt) for dtype in ("bfloat16", "float32") for fmt in ("e4m3", "e2m1"))
+
+
+def build_block_cast(config: BlockConfig):
+    """prim_func(x (T, H) raw bits, data bytes (T, width), sf views, ...) for blocks of bm x bk, bk in {1, 32, 128}."""
+    T = _tilelang.T()
+    dtype, fmt = config
+    raw = RAW_INPUT[dtype]
+    bf16 = dtype == "bfloat16"
+    scale_of, _, write_scale = _scale_macros(T, fmt)
+    num_rows, hidden, width, n_s32, n_s8 = T.dynamic("num_rows, hidden, width, n_s32, n_s8")
+
+    def value(x, row, col):
+        if bf16:
+            return _f32(T, T.Cast("uint32", T.Cast("uint16", x[row, col])) << _u(T, 16))
+        return _f32(T, T.Cast("uint32", x[row, col]))
+
+    @T.macro
+    def quotient(v, st, q, i):
+        q0 = T.ieee_mul(v, st[i, 1])
+        q[i] = T.ieee_fmaf(-T.ieee_fmaf(q0, st[i, 0], -v), st[i, 2], q0)
+
+    @T.prim_func
+    def block_cast(
+        x: T.Tensor((num_rows, hidden), raw),
+        data: T.Tensor((num_rows, width), "uint8"),
+        sf32: T.Tensor((n_s32,), "float32"),
+        sf8: T.Tensor((n_s8,), "uint8"),
+        bm: T.int32,
+        bk_log2: T.int32,
+        col_groups: T.int32,
+        block_row0: T.int32,
+        s0: T.int64,
+        s1: T.int64,
+        sf_mode: T.int32,
+        round_sf: T.int32,
+        clamp_min: T.float32,
+    ):
+        T.annotate_pass_configs(PASS_CONFIGS)
+        with T.Kernel(T.ceildiv(num_rows, bm) * col_groups, threads=BLOCK_THREADS, prelude=PRELUDE) as cta:
+            tx = T.get_thread_binding()
+            block_row = T.alloc_var("int32", init=cta // col_groups)
+            first_col = T.alloc_var("int32", init=(cta % col_groups) * BLOCK_COLS)
+            red = T.alloc_shared((BLOCK_COLS,), "uint32")
+            amax = T.alloc_local((2,), "uint32")
+            st = T.alloc_local((2, 3), "float32")
+            ue = T.alloc_local((2,), "uint32")
+            q = T.alloc_local((2,), "float32")
+            st1 = T.alloc_local((3,), "float32")
+            ue1 = T.alloc_local((1,), "uint32")
+            for h in T.unroll(2):
+                amax[h] = _u(T, 0)
+                red[2 * tx + h] = _u(T, 0)
+            # pass 1: the amax of each of this thread's two columns over the block's rows
+            for i in T.serial(bm):
+                row = block_row * bm + i
+                if row < num_rows:
+                    for h in T.unroll(2):
+                        if first_col + 2 * tx + h < hidden:
+                            amax[h] = T.max(amax[h], _bits(T, value(x, row, first_col + 2 * tx + h))
+                                            & _u(T, 0x7FFFFFFF))
+            T.sync_threads()
+            for h in T.unroll(2):
+                T.atomic_max(red[(2 * tx + h) >> bk_log2], amax[h])
+            T.sync_threads()
+            for h in T.unroll(2):
+                scale_of(red[(2 * tx + h) >> bk_log2], round_sf, _bits(T, clamp_min), st1, ue1)
+                for j in T.unroll(3):
+                    st[h, j] = st1[j]
+                ue[h] = ue1[0]
+                col = first_col + 2 * tx + h
+                if col < hidden and ((2 * tx + h) & ((1 << bk_log2) - 1)) == 0:
+                    write_scale(sf32, sf8, sf_mode, block_row0 + block_row, col >> bk_log2, s0, s1, st1, ue1)
+            # pass 2: quantise (the rows come from L1 / L2)
+            for i in T.serial(bm):
+                row = block_row * bm + i
+                if row < num_rows and first_col + 2 * tx < hidden:
+                    for h in T.unroll(2):
+                        q[h] = T.float32(0)
+                        if first_col + 2 * tx + h < hidden:
+                            quotient(value(x, row, first_col + 2 * tx + h), st, q, h)
+                    if fmt == "e4m3":
+                        pair = T.call_extern("uint32", "tkq_e4m3x2", q[0], q[1])
+                        data[row, first_col + 2 * tx] = T.Cast("uint8", pair & _u(T, 0xFF))
+                        if first_col + 2 * tx + 1 < hidden:
+                            data[row, first_col + 2 * tx + 1] = T.Cast("uint8", pair >> _u(T, 8))
+                    else:
+                        data[row, (first_col >> 1) + tx] = T.Cast(
+                            "uint8", _e2m1_nibble(T, q[0]) | (_e2m1_nibble(T, q[1]) << _u(T, 4)))
+
+    return block_cast
+
+
+BLOCK_CAST = KernelDef("quant.block_cast", build_block_cast, BLOCK_CONFIGS)
+
+
+# ------------------------------------------------------------- cast_back kernel
+
+BACK_THREADS = 256
+UNIT = {"e4m3": 1, "e2m1": 2, "e5m6": 8}  # elements per thread
+
+
+class CastBackConfig(NamedTuple):
+    fmt: str  # "e4m3", "e2m1" or "e5m6"
+    out_dtype: str  # "bfloat16" or "float32"
+
+
+CAST_BACK_CONFIGS = tuple(CastBackConfig(fmt, out) for fmt in FORMATS for out in ("bfloat16", "float32"))
+
+
+def _e4m3_decode(T, b):
+    """fp32 bits of e4m3 code b (uint32, 8 bits): exact, NaN for S.1111.111."""
+    e = (b >> _u(T, 3)) & _u(T, 15)
+    m = b & _u(T, 7)
+    subnormal = _bits(T, T.ieee_mul(T.Cast("float32", m), T.float32(2.0**-9)))
+    mag = T.if_then_else(e == _u(T, 0), subnormal, ((e + _u(T, 120)) << _u(T, 23)) | (m << _u(T, 20)))
+    mag = T.if_then_else((b & _u(T, 0x7F)) == _u(T, 0x7F), _u(T, F32_QNAN), mag)
+    return mag | ((b & _u(T, 0x80)) << _u(T, 24))
+
+
+def _e2m1_decode(T, n):
+    """fp32 bits of e2m1 code n (uint32, 4 bits): +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}."""
+    m = n & _u(T, 7)
+    mag = T.if_then_else(m < _u(T, 2), m * _u(T, 0x3F000000),
+                         (((m >> _u(T, 1)) + _u(T, 126)) << _u(T, 23)) | ((m & _u(T, 1)) << _u(T, 22)))
+    return mag | ((n & _u(T, 8)) << _u(T, 28))
+
+
+def _e5m6_decode(T, c):
+    """fp32 bits of e5m6 code c (uint32, 12 bits; the fp16 with bits c << 4): exact."""
+    e = (c >> _u(T, 6)) & _u(T, 31)
+    m = c & _u(T, 63)
+    subnormal = _bits(T, T.ieee_mul(T.Cast("float32", m), T.float32(2.0**-20)))
+    mag = T.if_then_else(e == _u(T, 0), subnormal, ((e + _u(T, 112)) << _u(T, 23)) | (m << _u(T, 17)))
+    mag = T.if_then_else(e == _u(T, 31), T.if_then_else(m == _u(T, 0), _u(T, F32_INF), _u(T, F32_QNAN)), mag)
+    return mag | ((c & _u(T, 0x800)) << _u(T, 20))
+
+
+def build_cast_back(config: CastBackConfig):
+    """prim_func(data, sf views, out (T, H), ...): out = q * sf rounded once to the out dtype."""
+    T = _tilelang.T()
+    fmt, out_dtype = config
+    unit = UNIT[fmt]
+    out_raw = "int16" if out_dtype == "bfloat16" else "float32"
+    _, read_scale, _ = _scale_macros(T, fmt)
+    num_rows, hidden, n_data, n_s32, n_s8 = T.dynamic("num_rows, hidden, n_data, n_s32, n_s8")
+    data_dtype = "int32" if fmt == "e5m6" else "uint8"
+
+    @T.macro
+    def emit(out, row, sf_row, col, code_bits, sf32, sf8, sf_mode, bk_log2, s0, s1, st, ue):
+        read_scale(sf32, sf8, sf_mode, sf_row, col >> bk_log2, s0, s1, st, ue)
+        q = _f32(T, code_bits)
+        if out_dtype == "float32":
+            out[row, col] = T.ieee_mul(q, st[0])
+        else:
+            out[row, col] = T.Cast("int16", T.call_extern("uint32", "tkq_bf16_product", q, st[0]))
+
+    @T.prim_func
+    def cast_back(
+        data: T.Tensor((n_data,), data_dtype),
+        sf32: T.Tensor((n_s32,), "float32"),
+        sf8: T.Tensor((n_s8,), "uint8"),
+        out: T.Tensor((num_rows, hidden), out_raw),
+        units_per_row: T.int32,
+        tiles: T.int32,
+        bm_log2: T.int32,
+        bk_log2: T.int32,
+        row0: T.int32,
+        s0: T.int64,
+        s1: T.int64,
+        sf_mode: T.int32,
+    ):
+        T.annotate_pass_configs(PASS_CONFIGS)
+        with T.Kernel(num_rows * tiles, threads=BACK_THREADS, prelude=PRELUDE) as cta:
+            tx = T.get_thread_binding()
+            row = T.alloc_var("int32", init=cta // tiles)
+            u = T.alloc_var("int32", init=(cta % tiles) * BACK_THREADS + tx)
+            st = T.alloc_local((3,), "float32")
+            ue = T.alloc_local((1,), "uint32")
+            h = T.alloc_local((8,), "uint32")
+            sf_row = (row0 + row) >> bm_log2
+            if u < units_per_row:
+                first = T.Cast("int64", row) * units_per_row + u
+                if fmt == "e4m3":
+                    emit(out, row, sf_row, u, _e4m3_decode(T, T.Cast("uint32", data[first])), sf32, sf8, sf_mode,
+                         bk_log2, s0, s1, st, ue)
+                elif fmt == "e2m1":
+                    byte = T.Cast("uint32", data[first])
+                    emit(out, row, sf_row, 2 * u, _e2m1_decode(T, byte & _u(T, 15)), sf32, sf8, sf_mode,
+                         bk_log2, s0, s1, st, ue)
+                    emit(out, row, sf_row, 2 * u + 1, _e2m1_decode(T, byte >> _u(T, 4)), sf32, sf8, sf_mode,
+                         bk_log2, s0, s1, st, ue)
+                else:
+                    w0 = T.Cast("uint32", data[first * 3])
+                    w1 = T.Cast("uint32", data[first * 3 + 1])
+                    w2 = T.Cast("uint32", data[first * 3 + 2])
+                    h[0] = w0 >> _u(T, 20)
+                    h[1] = (w0 >> _u(T, 8)) & _u(T, 0xFFF)
+                    h[2] = ((w0 & _u(T, 0xFF)) << _u(T, 4)) | (w1 >> _u(T, 28))
+                    h[3] = (w1 >> _u(T, 16)) & _u(T, 0xFFF)
+                    h[4] = (w1 >> _u(T, 4)) & _u(T, 0xFFF)
+                    h[5] = ((w1 & _u(T, 0xF)) << _u(T, 8)) | (w2 >> _u(T, 24))
+                    h[6] = (w2 >> _u(T, 12)) & _u(T, 0xFFF)
+                    h[7] = w2 & _u(T, 0xFFF)
+                    for i in T.unroll(8):
+                        emit(out, row, sf_row, 8 * u + i, _e5m6_decode(T, h[i]), sf32, sf8, sf_mode, bk_log2,
+                             s0, s1, st, ue)
+
+    return cast_back
+
+
+CAST_BACK = KernelDef("quant.cast_back", build_cast_back, CAST_BACK_CONFIGS)
+
+
+# =============================================================================
+# Host side: argument checks (kernels/torch/quant.py's), storage, launches.
+# =============================================================================
+
+_DATA_DTYPES = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8, "e5m6": torch.uint8}
+_SF_DTYPES = (torch.float32, torch.uint8, torch.int32)
+
+
+def _require_cuda(name: str, t: torch.Tensor) -> None:
+    """The kernels run on CUDA devices only (the eager implementations run anywhere)."""
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+
+
+def _compiled(kernel: KernelDef, config, device: torch.device):
+    return _tilelang.compiled_kernel(kernel, config, _tilelang.target_for(device))
+
+
+def _device_guard(device: torch.device):
+    import contextlib
+
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _dummy(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A one-element stand-in for a buffer argument the kernel does not touch in this call."""
+    return torch.zeros(1, dtype=dtype, device=device)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor whose byte size is a multiple of 4 as a flat int32 tensor (same memory)."""
+    return t.reshape(-1).view(torch.uint8).view(torch.int32)
+
+
+def _token_geometry(config: "TokenConfig", num_per_channels: int) -> tuple[int, int, int, int]:
+    """(path, log2 L, K, chunks per CTA) for blocks of num_per_channels = 8 * L * K elements.
+
+    A fast path (path = K) holds a lane's K chunks in registers: K = 4 when npc / 32 is a
+    power of two up to 32 (and the configuration has that path), else K = 2 when npc / 16
+    is.  Otherwise (npc = H, odd multiples of 8 or wider than 4 KiB-ish) the generic path
+    (0) takes L = gcd(npc / 8, 32) lanes and loops over K = npc / 8L chunks.
+    """
+    chunks = num_per_channels // CHUNK
+    for k in sorted(fast_paths(config.source, config.dtype), reverse=True):
+        lanes = chunks // k
+        if chunks % k == 0 and lanes & (lanes - 1) == 0 and lanes <= WARP:
+            return k, lanes.bit_length() - 1, k, FAST_CHUNKS[config.source, config.dtype]
+    lanes = math.gcd(chunks, WARP)
+    return 0, lanes.bit_length() - 1, chunks // lanes, GENERIC_STEPS * THREADS * (chunks // lanes)
+
+
+class _SfArgs(NamedTuple):
+    """The sf storage as the kernels see it: flat fp32 and byte views, strides, storage mode."""
+
+    flat_f32: torch.Tensor
+    flat_u8: torch.Tensor
+    s0: int
+    s1: int
+    mode: int
+
+
+def _sf_args(sf: torch.Tensor) -> _SfArgs:
+    """Kernel view of an sf tensor of any storage (fp32 / ue8m0 uint8 / packed int32) and strides.
+
+    The flat views start at sf's first element and reach its last one; sf
+    element (row, col) is at row * s0 + col * s1 of them (for packed storage in
+    int32 words, whose byte col % 4 holds the code).
+    """
+    device = sf.device
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(sf.shape, sf.stride())) if sf.numel() else 1
+    flat = torch.as_strided(sf, (extent,), (1,)) if sf.numel() else torch.zeros(1, dtype=sf.dtype, device=device)
+    s0, s1 = sf.stride()
+    if sf.dtype == torch.float32:
+        return _SfArgs(flat, _dummy(torch.uint8, device), s0, s1, SF_FP32)
+    if sf.dtype == torch.uint8:
+        return _SfArgs(_dummy(torch.float32, device), flat, s0, s1, SF_UE8M0)
+    return _SfArgs(_dummy(torch.float32, device), flat.view(torch.uint8), s0, s1, SF_PACKED)
+
+
+def _new_sf(rows: int, cols: int, use_ue8m0: bool, use_packed_ue8m0: bool, col_major: bool,
+            device: torch.device) -> torch.Tensor:
+    """An sf output (rows, cols) in the storage and layout the options ask for (see the eager module).
+
+    Packed storage whose last word is partial starts zeroed (its padding bytes
+    must be 0 and the kernels write only the codes); everything else is
+    written by the kernels (the column-major padding rows are never read).
+    """
+    dtype = torch.int32 if use_packed_ue8m0 else (torch.uint8 if use_ue8m0 else torch.float32)
+    stored_cols = -(-cols // 4) if use_packed_ue8m0 else cols
+    alloc = torch.zeros if use_packed_ue8m0 and cols % 4 else torch.empty
+    if col_major:
+        per_16_bytes = eager.TMA_ALIGN_BYTES // torch.tensor([], dtype=dtype).element_size()
+        padded_rows = -(-rows // per_16_bytes) * per_16_bytes
+        return alloc((stored_cols, padded_rows), dtype=dtype, device=device).T[:rows]
+    return alloc((rows, stored_cols), dtype=dtype, device=device)
+
+
+def _check_sf_input(sf: Any, rows: int, cols: int) -> torch.Tensor:
+    """The checks of the eager `_sf_values` (dtype, rank, shape), without decoding."""
+    eager._check_tensor("sf", sf, _SF_DTYPES, 2, "(rows, cols)")
+    stored_cols = -(-cols // 4) if sf.dtype == torch.int32 else cols
+    if tuple(sf.shape) != (rows, stored_cols):
+        raise ValueError(f"sf must have shape {(rows, stored_cols)} for this x and block "
+                         f"({'packed ue8m0, ' if sf.dtype == torch.int32 else ''}{sf.dtype}), got {tuple(sf.shape)}")
+    return sf
+
+
+def _new_data(rows: int, hidden: int, fmt: str, device: torch.device) -> torch.Tensor:
+    width = {"e4m3": hidden, "e2m1": hidden // 2, "e5m6": 3 * hidden // 2}[fmt]
+    return torch.empty((rows, width), dtype=_DATA_DTYPES[fmt], device=device)
+
+
+def _crop_data(data: torch.Tensor, hidden: int, fmt: str) -> torch.Tensor:
+    width = {"e4m3": hidden, "e2m1": hidden // 2, "e5m6": 3 * hidden // 2}[fmt]
+    return data[:, :width].contiguous()
+
+
+def _token_launch(config: TokenConfig, x_rows: torch.Tensor, data: torch.Tensor | None, sf: _SfArgs,
+                  num_per_channels: int, round_sf: bool, clamp_min: float, precomputed: bool,
+                  swiglu: dict | None = None) -> None:
+    """Run token_cast over x_rows (T, H8) (swiglu: (N, 2 H8)), H8 % 8 == 0, in row pieces.
+
+    data: (T, width) output or None (sf only).  sf: the sf (output, or input
+    when precomputed).  swiglu: the extra arguments of the swiglu source.
+    """
+    device = x_rows.device
+    if x_rows.data_ptr() % VECTOR_BYTES:
+        x_rows = x_rows.clone()  # 16-byte vector loads need an aligned start (rows keep it: H % 8 == 0)
+    num_rows = x_rows.shape[0]
+    hidden = x_rows.shape[1] // 2 if swiglu is not None else x_rows.shape[1]
+    cols = hidden // num_per_channels
+    chunks_per_row = hidden // CHUNK
+    path, lanes_log2, blk_k, _ = _token_geometry(config, num_per_channels)
+    cols_mul, cols_shift = magic_divisor(cols)
+    kernel = _compiled(TOKEN_CAST, config, device)
+    rows_per_launch = max(1, MAX_CHUNKS_PER_LAUNCH // chunks_per_row)
+    dummy_words = _dummy(torch.int32, device)
+    with _device_guard(device):
+        for r0 in range(0, num_rows, rows_per_launch):
+            r1 = min(num_rows, r0 + rows_per_launch)
+            xw = _words(x_rows[r0:r1])
+            dw = _words(data[r0:r1]) if data is not None else dummy_words
+            common = ((r1 - r0) * chunks_per_row, (r1 - r0) * cols, path, lanes_log2, blk_k, cols, cols_mul, cols_shift,
+                      r0, sf.s0, sf.s1, sf.mode, int(round_sf), clamp_min)
+            if swiglu is None:
+                kernel(xw, dw, sf.flat_f32, sf.flat_u8, *common, int(data is not None), int(precomputed))
+            else:
+                pos = swiglu["pos"][r0:r1] if swiglu["has_pos"] else swiglu["pos"]
+                kernel(xw, dw, sf.flat_f32, sf.flat_u8, pos, swiglu["weights"], swiglu["counts"], *common,
+                       chunks_per_row, int(swiglu["has_pos"]), int(swiglu["has_w"]), int(swiglu["do_count"]),
+                       swiglu["clamp"])
+
+
+def _padded_hidden(hidden: int) -> int:
+    return -(-hidden // CHUNK) * CHUNK
+
+
+def _token_cast(x: torch.Tensor, fmt: str, n: int, round_sf: bool, use_ue8m0: bool, use_packed_ue8m0: bool,
+                col_major: bool, clamp_min: float, with_data: bool):
+    num_rows, hidden = x.shape
+    device = x.device
+    cols = hidden // n
+    sf = _new_sf(num_rows, cols, use_ue8m0, use_packed_ue8m0, col_major, device)
+    data = _new_data(num_rows, hidden, fmt, device) if with_data else None
+    if num_rows == 0:
+        return data, sf
+    config = TokenConfig("x", IN_DTYPES[x.dtype], fmt)
+    if hidden % CHUNK:
+        # n == H: pad the row with zeros to a whole number of chunks, crop the data.
+        h8 = _padded_hidden(hidden)
+        xp = torch.zeros((num_rows, h8), dtype=x.dtype, device=device)
+        xp[:, :hidden] = x
+        dp = _new_data(num_rows, h8, fmt, device) if with_data else None
+        _token_launch(config, xp, dp, _sf_args(sf), h8, round_sf, clamp_min, False)
+        return (_crop_data(dp, hidden, fmt) if with_data else None), sf
+    _token_launch(config, x, data, _sf_args(sf), n, round_sf, clamp_min, False)
+    return data, sf
+
+
+def per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 128, *, round_sf: bool = False,
+                   use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
+                   use_tma_aligned_col_major_sf: bool = False,
+                   clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, sf) of x (T, H) quantised in blocks of 1 x num_per_channels (see kernels/torch/quant.py)."""
+    fmt, n, cm = eager._check_per_token(x, fmt, num_per_channels, round_sf, use_ue8m0, use_packed_ue8m0,
+                                        use_tma_aligned_col_major_sf, clamp_min)
+    _require_cuda("x", x)
+    _tilelang.check_dims_fit_int32("x", x)
+    return _token_cast(x, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm, True)
+
+
+def per_token_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 128, *,
+                                round_sf: bool = False, use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
+                                use_tma_aligned_col_major_sf: bool = False,
+                                clamp_min: float | None = None) -> torch.Tensor:
+    """The sf per_token_cast would return, without the data (x is read once, nothing else written)."""
+    fmt, n, cm = eager._check_per_token(x, fmt, num_per_channels, round_sf, use_ue8m0, use_packed_ue8m0,
+                                        use_tma_aligned_col_major_sf, clamp_min)
+    _require_cuda("x", x)
+    _tilelang.check_dims_fit_int32("x", x)
+    return _token_cast(x, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm,
+                       False)[1]
+
+
+def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3",
+                                       num_per_channels: int = 128) -> torch.Tensor:
+    """The data of x (T, H) quantised with a given sf (T, H / num_per_channels) of any storage and strides."""
+    x = eager._check_x(x)
+    fmt = eager._check_fmt(fmt)
+    eager._check_row_format(fmt, x.shape[1])
+    n = eager._check_num_per_channels(fmt, num_per_channels, x.shape[1])
+    if isinstance(sf, torch.Tensor):
+        eager._check_same_device(x, sf=sf)
+    num_rows, hidden = x.shape
+    _check_sf_input(sf, num_rows, hidden // n)
+    _require_cuda("x", x)
+    _tilelang.check_dims_fit_int32("x", x)
+    device = x.device
+    if num_rows == 0:
+        return _new_data(0, hidden, fmt, device)
+    config = TokenConfig("x", IN_DTYPES[x.dtype], fmt)
+    if hidden % CHUNK:
+        h8 = _padded_hidden(hidden)
+        xp = torch.zeros((num_rows, h8), dtype=x.dtype, device=device)
+        xp[:, :hidden] = x
+        dp = _new_data(num_rows, h8, fmt, device)
+        _token_launch(config, xp, dp, _sf_args(sf), h8, False, 1.0, True)
+        return _crop_data(dp, hidden, fmt)
+    data = _new_data(num_rows, hidden, fmt, device)
+    _token_launch(config, x, data, _sf_args(sf), n, False, 1.0, True)
+    return data
+
+
+def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 128, *,
+                                      topk_weights: torch.Tensor | None = None,
+                                      pos_to_token_topk: torch.Tensor | None = None,
+                                      clamp: float | None = None, clamped_count: torch.Tensor | None = None,
+                                      round_sf: bool = False, use_ue8m0: bool = False,
+                                      use_packed_ue8m0: bool = False, use_tma_aligned_col_major_sf: bool = False,
+                                      clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, sf) of y = l * sigmoid(l) * r * w, per-token cast (see kernels/torch/quant.py).
+
+    Padding rows (pos_to_token_topk == -1) are written as y = 0 (codes +0, the
+    sf of a zero block), their x is not read and they are not counted.
+    clamped_count is updated in place (int64 atomics).
+    """
+    x = eager._check_x(x, "(N, 2H)")
+    if x.shape[1] % 2:
+        raise ValueError(f"x must have an even number of columns (l and r halves), got {x.shape[1]}")
+    hidden = x.shape[1] // 2
+    fmt = eager._check_fmt(fmt)
+    eager._check_row_format(fmt, hidden)
+    n = eager._check_num_per_channels(fmt, num_per_channels, hidden)
+    cm = eager._check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
+                                 clamp_min)
+    c = eager._check_swiglu_extras(x, topk_weights, pos_to_token_topk, clamp, clamped_count)
+    _require_cuda("x", x)
+    _tilelang.check_dims_fit_int32("x", x)
+    device = x.device
+    num_rows = x.shape[0]
+    sf = _new_sf(num_rows, hidden // n, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, device)
+    data = _new_data(num_rows, hidden, fmt, device)
+    if num_rows == 0:
+        return data, sf
+    extras = {
+        "pos": pos_to_token_topk.contiguous() if pos_to_token_topk is not None else _dummy(torch.int32, device),
+        "has_pos": pos_to_token_topk is not None,
+        "weights": topk_weights.reshape(-1) if topk_weights is not None else _dummy(torch.float32, device),
+        "has_w": topk_weights is not None,
+        "counts": clamped_count if (clamped_count is not None and c is not None) else _dummy(torch.int64, device),
+        "do_count": clamped_count is not None and c is not None,
+        "clamp": c if c is not None else math.inf,
+    }
+    if extras["has_w"] and extras["weights"].numel() == 0:
+        extras["weights"] = _dummy(torch.float32, device)  # no slot to read (every row is padding)
+    config = TokenConfig("swiglu", IN_DTYPES[x.dtype], fmt)
+    if hidden % CHUNK:
+        h8 = _padded_hidden(hidden)
+        xp = torch.zeros((num_rows, 2 * h8), dtype=x.dtype, device=device)
+        xp[:, :hidden] = x[:, :hidden]
+        xp[:, h8:h8 + hidden] = x[:, hidden:]
+        dp = _new_data(num_rows, h8, fmt, device)
+        _token_launch(config, xp, dp, _sf_args(sf), h8, round_sf, cm, False, extras)
+        return _crop_data(dp, hidden, fmt), sf
+    _token_launch(config, x, data, _sf_args(sf), n, round_sf, cm, False, extras)
+    return data, sf
+
+
+def _launch_blocks(x: torch.Tensor, data: torch.Tensor, sf: torch.Tensor, fmt: str, bm: int, bk: int,
+                   round_sf: bool, clamp_min: float) -> None:
+    """block_cast over x (T, H) in blocks of bm x bk (bk in {1, 32, 128}), in pieces of whole block rows."""
+    device = x.device
+    num_rows, hidden = x.shape
+    config = BlockConfig(IN_DTYPES[x.dtype], fmt)
+    kernel = _compiled(BLOCK_CAST, config, device)
+    args = _sf_args(sf)
+    col_groups = -(-hidden // BLOCK_COLS)
+    block_rows_per_launch = max(1, MAX_BLOCKS_PER_LAUNCH // col_groups)
+    raw = x.view(torch.int16) if x.dtype == torch.bfloat16 else x.view(torch.int32)
+    data8 = data.view(torch.uint8)
+    with _device_guard(device):
+        for b0 in range(0, -(-num_rows // bm), block_rows_per_launch):
+            r0 = b0 * bm
+            r1 = min(num_rows, r0 + block_rows_per_launch * bm)
+            kernel(raw[r0:r1], data8[r0:r1], args.flat_f32, args.flat_u8, bm, bk.bit_length() - 1, col_groups, b0,
+                   args.s0, args.s1, args.mode, int(round_sf), clamp_min)
+
+
+def per_block_cast(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | list[int] = (128, 128), *,
+                   round_sf: bool = False, use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
+                   use_tma_aligned_col_major_sf: bool = False,
+                   clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, sf) of x (T, H) quantised in 2-D blocks of bm x bk (sf (ceil(T/bm), H/bk))."""
+    x = eager._check_x(x)
+    fmt = eager._check_fmt(fmt, ("e4m3", "e2m1"), " (e5m6 is per-token only)")
+    bm, bk = eager._check_block(block, eager.PER_BLOCK_SIZES)
+    if x.shape[1] % bk:
+        raise ValueError(f"block: bk={bk} must divide H={x.shape[1]}")
+    cm = eager._check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
+                                 clamp_min)
+    _require_cuda("x", x)
+    _tilelang.check_dims_fit_int32("x", x)
+    num_rows, hidden = x.shape
+    sf = _new_sf(-(-num_rows // bm), hidden // bk, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
+                 x.device)
+    data = _new_data(num_rows, hidden, fmt, x.device)
+    if num_rows:
+        _launch_blocks(x, data, sf, fmt, bm, bk, round_sf, cm)
+    return data, sf
+
+
+def per_channel_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_tokens: int = 128, *, round_sf: bool = False,
+                     use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
+                     use_tma_aligned_col_major_sf: bool = False,
+                     clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, sf) of x (T, H) quantised in blocks of num_per_tokens x 1 (sf (ceil(T/npt), H))."""
+    x = eager._check_x(x)
+    fmt = eager._check_fmt(fmt, ("e4m3", "e2m1"), " (e5m6 is per-token only)")
+    eager._check_row_format(fmt, x.shape[1])
+    n = eager._check_int("num_per_tokens", num_per_tokens)
+    if n not in eager.CHANNEL_BLOCKS:
+        raise ValueError(f"num_per_tokens must be one of {eager.CHANNEL_BLOCKS}, got {n}")
+    cm = eager._check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
+                                 clamp_min)
+    _require_cuda("x", x)
+    _tilelang.check_dims_fit_int32("x", x)
+    num_rows, hidden = x.shape
+    sf = _new_sf(-(-num_rows // n), hidden, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, x.device)
+    data = _new_data(num_rows, hidden, fmt, x.device)
+    if num_rows:
+        _launch_blocks(x, data, sf, fmt, n, 1, round_sf, cm)
+    return data, sf
+
+
+def cast_back(data: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | list[int] = (1, 128),
+              out_dtype: Any = torch.bfloat16) -> torch.Tensor:
+    """q * sf per element, correctly rounded to out_dtype (bf16 or fp32), shape (T, H)."""
+    fmt = eager._check_fmt(fmt)
+    eager._check_tensor("data", data, (_DATA_DTYPES[fmt],), 2, "(T, H) in the format's storage")
+    eager._check_contiguous("data", data)
+    if isinstance(out_dtype, str):
+        if out_dtype not in eager.OUT_DTYPES:
+            raise ValueError(f"out_dtype must be one of {', '.join(eager.OUT_DTYPES)}, got {out_dtype!r}")
+        out_dtype = eager.OUT_DTYPES[out_dtype]
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype!r}")
+    hidden = eager._hidden_of(data, fmt)
+    if hidden == 0:
+        raise ValueError(f"data must have at least one column, got shape {tuple(data.shape)}")
+    eager._check_row_format(fmt, hidden, "data")
+    bm, bk = eager._check_cast_back_block(block, fmt, hidden)
+    if isinstance(sf, torch.Tensor):
+        eager._check_same_device(data, sf=sf)
+    num_rows = data.shape[0]
+    _check_sf_input(sf, -(-num_rows // bm), hidden // bk)
+    _require_cuda("data", data)
+    _tilelang.check_dims_fit_int32("data", data)
+    device = data.device
+    out = torch.empty((num_rows, hidden), dtype=out_dtype, device=device)
+    if num_rows == 0:
+        return out
+    config = CastBackConfig(fmt, "bfloat16" if out_dtype == torch.bfloat16 else "float32")
+    kernel = _compiled(CAST_BACK, config, device)
+    args = _sf_args(sf)
+    units_per_row = hidden // UNIT[fmt]
+    tiles = -(-units_per_row // BACK_THREADS)
+    # bk == H (one sf column) need not be a power of two: shifting a column index by 31 gives 0.
+    bk_log2 = bk.bit_length() - 1 if bk & (bk - 1) == 0 else 31
+    if fmt == "e5m6" and data.data_ptr() % 4:
+        data = data.clone()  # read as 32-bit words
+    flat = data.view(torch.uint8)
+    flat = _words(flat) if fmt == "e5m6" else flat.reshape(-1)
+    out_raw = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
+    per_row = flat.numel() // num_rows
+    rows_per_launch = max(1, MAX_BLOCKS_PER_LAUNCH // tiles)
+    with _device_guard(device):
+        for r0 in range(0, num_rows, rows_per_launch):
+            r1 = min(num_rows, r0 + rows_per_launch)
+            kernel(flat[r0 * per_row:r1 * per_row], args.flat_f32, args.flat_u8, out_raw[r0:r1], units_per_row, tiles,
+                   bm.bit_length() - 1, bk_log2, r0, args.s0, args.s1, args.mode)
+    return out
