@@ -46,19 +46,12 @@ autograd" of the op's backward declaration.
 from __future__ import annotations
 
 import math
-from typing import Any
 
-import numpy as np
 import torch
 
+from references import as_float64_tensor
 
-def _f64(t: Any) -> torch.Tensor:
-    """float64 CPU tensor of `t`, exactly; differentiable (no detach) for autograd."""
-    if isinstance(t, np.ndarray):
-        t = torch.from_numpy(np.ascontiguousarray(t))
-    elif not isinstance(t, torch.Tensor):
-        t = torch.as_tensor(t)
-    return t.to(device="cpu", dtype=torch.float64)
+
 
 
 def _shapes(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]:
@@ -86,7 +79,7 @@ def gate(z: torch.Tensor, clamp: float) -> torch.Tensor:
 
 def engram_gate_fwd(x, k, v, w, eps: float = 1e-6, clamp: float = 1e-6):
     """Float64 forward: (out (T, hc, H), d, g, rx, rk (T, hc)), all float64 tensors."""
-    x, k, v, w = _f64(x), _f64(k), _f64(v), _f64(w)
+    x, k, v, w = as_float64_tensor(x), as_float64_tensor(k), as_float64_tensor(v), as_float64_tensor(w)
     _, _, hidden = _shapes(x, k, v, w)
     rx = inv_rms(x, eps)
     rk = inv_rms(k, eps)
@@ -99,7 +92,7 @@ def engram_gate_fwd(x, k, v, w, eps: float = 1e-6, clamp: float = 1e-6):
 
 def gate_argument(x, k, w, eps: float) -> torch.Tensor:
     """z = d rx rk / sqrt(H) per row (T, hc), float64 (for strategies and specs)."""
-    x, k, w = _f64(x), _f64(k), _f64(w)
+    x, k, w = as_float64_tensor(x), as_float64_tensor(k), as_float64_tensor(w)
     hidden = x.shape[-1]
     return (x * w * k).sum(-1) * inv_rms(x, eps) * inv_rms(k, eps) / math.sqrt(hidden)
 
@@ -111,7 +104,7 @@ def engram_gate_bwd(grad_out, x, k, v, w, eps: float = 1e-6, clamp: float = 1e-6
     the exact reference, not a consumer of anyone's saved tensors).
     """
     with torch.no_grad():
-        grad, x, k, v, w = _f64(grad_out), _f64(x), _f64(k), _f64(v), _f64(w)
+        grad, x, k, v, w = as_float64_tensor(grad_out), as_float64_tensor(x), as_float64_tensor(k), as_float64_tensor(v), as_float64_tensor(w)
         _, _, hidden = _shapes(x, k, v, w)
         if tuple(grad.shape) != tuple(x.shape):
             raise ValueError(f"grad_out must have x's shape {tuple(x.shape)}, got {tuple(grad.shape)}")
@@ -141,7 +134,7 @@ def fused_weight_grads(grad_w, wh, we):
     """(grad_wh, grad_we) from grad_w for w = wh * we (elementwise, broadcasting):
     grad_wh = grad_w * we and grad_we = grad_w * wh, each summed back to its
     operand's shape where it was broadcast."""
-    grad_w, wh, we = _f64(grad_w), _f64(wh), _f64(we)
+    grad_w, wh, we = as_float64_tensor(grad_w), as_float64_tensor(wh), as_float64_tensor(we)
 
     def reduce_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         while t.dim() > len(shape):

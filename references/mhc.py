@@ -37,17 +37,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from references import as_float64_tensor
+
 DEFAULT_REPEAT = 10
 DEFAULT_EPS = 1e-6
 
 
-def _f64(t: Any) -> torch.Tensor:
-    """float64 CPU tensor of `t`, exactly; differentiable (no detach) for autograd."""
-    if isinstance(t, np.ndarray):
-        t = torch.from_numpy(np.ascontiguousarray(t))
-    elif not isinstance(t, torch.Tensor):
-        t = torch.as_tensor(t)
-    return t.to(device="cpu", dtype=torch.float64)
 
 
 def _check(x: torch.Tensor, repeat: int) -> None:
@@ -66,7 +61,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 def sinkhorn(x, repeat: int = DEFAULT_REPEAT, eps: float = DEFAULT_EPS) -> torch.Tensor:
     """Float64 forward: P (..., m, m)."""
-    x = _f64(x)
+    x = as_float64_tensor(x)
     _check(x, repeat)
     p = softmax(x) + eps
     p = p / (p.sum(-2, keepdim=True) + eps)
@@ -84,7 +79,7 @@ def steps(repeat: int) -> list[int]:
 def sinkhorn_bwd(grad_out, x, repeat: int = DEFAULT_REPEAT, eps: float = DEFAULT_EPS) -> torch.Tensor:
     """Float64 backward, by hand: grad_x (..., m, m)."""
     with torch.no_grad():
-        g, x = _f64(grad_out), _f64(x)
+        g, x = as_float64_tensor(grad_out), as_float64_tensor(x)
         _check(x, repeat)
         if tuple(g.shape) != tuple(x.shape):
             raise ValueError(f"grad_out must have x's shape {tuple(x.shape)}, got {tuple(g.shape)}")

@@ -5,14 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from references import as_float64
 from references.quant import tma_padded_rows  # the sf layout is defined once, with the scale factors
-
-
-def _as_float64(x: torch.Tensor | np.ndarray) -> np.ndarray:
-    # float32 -> float64 is exact, keeps -0.0, +-inf and NaN.
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu", torch.float64).numpy()
-    return np.asarray(x, dtype=np.float64)
 
 
 def topk_gate(scores: torch.Tensor | np.ndarray, k: int) -> np.ndarray:
@@ -26,7 +20,7 @@ def topk_gate(scores: torch.Tensor | np.ndarray, k: int) -> np.ndarray:
     a sort's NaN and stability conventions, so that it stays independent of
     ``torch.sort``, which the operator's contract is phrased in.
     """
-    values = _as_float64(scores)
+    values = as_float64(scores)
     if values.ndim != 2:
         raise ValueError(f"scores must be 2-D (T, E), got shape {values.shape}")
     num_experts = values.shape[1]
@@ -202,10 +196,10 @@ def _weighted_rows(x, topk_weights, token_topk_to_pos, x_sf):
     (8 or 24 bits), or times an e4m3 q (4 bits) and an fp32 sf (24 bits),
     needs at most 52 significant bits.
     """
-    values = _as_float64(x)
+    values = as_float64(x)
     if x_sf is not None:
-        values_sf = _as_float64(x_sf).reshape(-1)
-    weights = _as_float64(topk_weights)
+        values_sf = as_float64(x_sf).reshape(-1)
+    weights = as_float64(topk_weights)
     pos = _as_int64(token_topk_to_pos)
     num_rows = values.shape[0]
     for k in range(pos.shape[1]):
@@ -261,7 +255,7 @@ def reduce_fused_magnitudes(
 
 def normalize_weight(topk_weights: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(denom, w / denom) with denom = 1e-20 + sum_k w[t, k], exactly: float64 (T,) and (T, K)."""
-    w = _as_float64(topk_weights)
+    w = as_float64(topk_weights)
     denom = exact_sum([np.full(w.shape[0], NORMALIZE_EPS), *(w[:, k] for k in range(w.shape[1]))], (w.shape[0],))
     with np.errstate(invalid="ignore", divide="ignore"):
         return denom, w / denom[:, None]

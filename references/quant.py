@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from references import as_float64  # noqa: F401  (also part of this module's interface)
 from tkverify import formats
 
 # Largest finite value of each element format: sf = a / max_q maps amax onto it.
@@ -59,13 +60,6 @@ UE8M0_NAN = 0xFF
 
 
 # -- small helpers ------------------------------------------------------------
-
-
-def as_float64(x: Any) -> np.ndarray:
-    """A tensor (any dtype torch can widen: bf16, fp8, fp32) or array as float64 NumPy, exactly."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu", torch.float64).numpy()
-    return np.asarray(x, dtype=np.float64)
 
 
 def _owned(t: torch.Tensor) -> torch.Tensor:

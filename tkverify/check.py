@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from tkverify.case import Case, save_case
@@ -101,10 +100,3 @@ def check_case(spec: OpSpec, impl: Impl, case: Case, *, case_dir: Path | None = 
     if path is not None:
         lines.append(f"  replay: {replay_command(path)}")
     raise VerificationError("\n".join(lines), comparisons, path)
-
-
-def as_float64(x: Any) -> np.ndarray:
-    """A tensor or array as float64 numpy, exactly (bf16/fp8 widen without rounding)."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().to(torch.float64).numpy()
-    return np.asarray(x, dtype=np.float64)

@@ -224,7 +224,7 @@ def _given_reduce(case, actual: dict[str, Any]) -> dict[str, ErrorBound]:
 def normalize_denom_bound(topk_weights: torch.Tensor) -> ErrorBound:
     """The exact denom and the error an fp32 sum of the K weights and 1e-20 may have (module docstring)."""
     denom, _ = references.moe.normalize_weight(topk_weights)
-    w = references.moe._as_float64(topk_weights)
+    w = references.as_float64(topk_weights)
     eps = references.moe.NORMALIZE_EPS
     error = summation_error(np.abs(w).sum(axis=1) + eps, w.shape[1] + 1, roundings_per_term=0,
                             absolute=FP32_UNIT_ROUNDOFF * eps)
@@ -233,7 +233,7 @@ def normalize_denom_bound(topk_weights: torch.Tensor) -> ErrorBound:
 
 def normalized_weights_given_denom(topk_weights: torch.Tensor, denom: np.ndarray) -> ErrorBound:
     """w / denom for the given denom, within two fp32 roundings (module docstring)."""
-    w = references.moe._as_float64(topk_weights)
+    w = references.as_float64(topk_weights)
     with np.errstate(invalid="ignore", divide="ignore"):
         quotient = w / np.asarray(denom, dtype=np.float64)[:, None]
     error = summation_error(np.abs(quotient), 1, roundings_per_term=2, absolute=FP32_UNDERFLOW)
