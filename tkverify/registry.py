@@ -146,6 +146,28 @@ class Backward:
         return list(self.grads)[self.inputs.index(name)]
 
 
+@dataclasses.dataclass(frozen=True)
+class BenchShape:
+    """One benchmark shape of an op, for `tkverify bench`.
+
+    name     short label, e.g. "T16384 H7168 bf16 e4m3/128".
+    make     ``make(device) -> (inputs, params)``: the tensors and static
+             parameters of one call, as a `Case` holds them; every
+             implementation is called as ``impl(**inputs, **params)``.
+    nbytes   ``nbytes(inputs, params) -> int``: the bytes the op must read and
+             write, each counted once (the effective-bandwidth numerator).
+    flops    optional ``flops(inputs, params) -> int`` where arithmetic matters.
+    target   the share of the copy bandwidth this shape is tuned for (None:
+             not memory-bound, judged by time alone).
+    """
+
+    name: str
+    make: Callable[[torch.device], tuple[dict[str, Any], dict[str, Any]]]
+    nbytes: Callable[[dict[str, Any], dict[str, Any]], int]
+    flops: Callable[[dict[str, Any], dict[str, Any]], int] | None = None
+    target: float | None = 0.9
+
+
 @dataclasses.dataclass
 class OpSpec:
     """Everything tkverify knows about one operator.
@@ -161,6 +183,7 @@ class OpSpec:
               values that depend on what the implementation produced (a
               quantised element judged given the implementation's own scale).
     backward  optional `Backward`: the op's gradient declaration.
+    bench     `BenchShape`s timed by `tkverify bench` (none: not benchmarked).
     """
 
     name: str
@@ -171,6 +194,7 @@ class OpSpec:
     given: Callable[..., dict[str, Any]] | None = None
     doc: str = ""
     backward: Backward | None = None  # gradient checks (tkverify.gradients), where the op has a backward
+    bench: tuple[BenchShape, ...] = ()
 
     @property
     def family(self) -> str:
