@@ -135,6 +135,7 @@ class Backward:
     kink_margin: float | None = None
     given: Callable[..., dict[str, Any]] | None = None
     smooth: Callable[..., dict[str, Any]] | None = None
+    bench: tuple["BenchShape", ...] = ()  # timed like the forward's; make() returns the backward's kwargs
 
     def __post_init__(self) -> None:
         if len(self.grads) != len(self.inputs):
