@@ -41,6 +41,17 @@ def test_profiles(tk_state):
     profiles.load(tk_state["profile"])  # leave the session's profile as it was
 
 
+def test_a_seed_chooses_the_ci_examples(tk_state):
+    ci_examples = settings.get_profile("ci").max_examples
+    try:
+        # Hypothesis ignores --hypothesis-seed under derandomize: a seeded ci run must drop it.
+        assert profiles.load("ci", seeded=True) == "ci-seeded"
+        assert not settings().derandomize and settings().max_examples == ci_examples
+        assert profiles.load("fuzz", seeded=True) == "fuzz"  # already random: unchanged
+    finally:
+        profiles.load(tk_state["profile"])
+
+
 def test_an_unknown_impl_name_is_a_usage_error():
     from tkverify.plugin import check_impl_choice
 

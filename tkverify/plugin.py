@@ -66,7 +66,8 @@ def _pin_worker_to_gpu(config: pytest.Config) -> int | None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
-    profile = profiles.load(config.getoption("--tk-profile"))
+    seed = config.getoption("hypothesis_seed", default=None)
+    profile = profiles.load(config.getoption("--tk-profile"), seeded=seed is not None)
     registry.load_plugins(config.getoption("--tk-load"))
     check_impl_choice(config.getoption("--tk-impl"))
     state = {

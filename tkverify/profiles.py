@@ -32,10 +32,16 @@ def default_profile() -> str:
     return "ci" if os.environ.get("CI") else "dev"
 
 
-def load(name: str | None) -> str:
+def load(name: str | None, seeded: bool = False) -> str:
+    """Load a profile; `seeded` (pytest's --hypothesis-seed was given) keeps its
+    example counts but lets the seed choose the examples, which a derandomised
+    profile would otherwise ignore (derandomize wins over the global seed)."""
     register_profiles()
     name = name or default_profile()
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose from {', '.join(PROFILES)}")
+    if seeded and settings.get_profile(name).derandomize:
+        settings.register_profile(f"{name}-seeded", parent=settings.get_profile(name), derandomize=False)
+        name = f"{name}-seeded"
     settings.load_profile(name)
     return name

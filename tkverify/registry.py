@@ -119,6 +119,8 @@ class Backward:
              higher-precision outputs (values) with a per-element bound on their
              evaluation error (noise), for the consistency check in working
              precision; without it the outputs themselves are used.
+    bench    `BenchShape`s of the backward: ``make`` returns the keyword
+             arguments of a backward call (cotangents, inputs, saved outputs).
     """
 
     inputs: tuple[str, ...]
