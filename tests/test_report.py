@@ -53,3 +53,25 @@ def test_written_report_has_the_promised_fields(tmp_path):
     md = paths["md"].read_text()
     assert "### e4m3" in md and "### int64" in md and "| moe.topk_gate:y | " in md
     assert "<svg" in paths["html"].read_text()
+
+
+def test_speed_shards_sum_and_the_first_call_is_kept_apart(tmp_path):
+    from tkverify.report import merge_speed_shards, speed_markdown
+
+    timings = {"transfer": 0.01, "impl": 0.02, "oracle": 0.03, "judge": 0.04}
+    workers = []
+    for w, (first, examples) in enumerate(((5.0, 3), (0.5, 2))):
+        c = Collector()
+        c.add_timings("fam.op", "torch", {**timings, "impl": first})  # compile or cache load
+        for _ in range(examples - 1):
+            c.add_timings("fam.op", "torch", timings)
+        c.add_wall("fam.op", "torch", 10.0)
+        c.write_shard(tmp_path / f"gw{w}.json")
+        workers.append(c)
+    (row,) = merge_speed_shards(tmp_path.glob("*.json"))
+    assert row["examples"] == 5 and row["wall_s"] == 20.0
+    assert row["first_impl_s"] == pytest.approx(5.5)
+    assert row["impl_s"] == pytest.approx(5.5 + 3 * 0.02)
+    assert row["judge_s"] == pytest.approx(5 * 0.04)
+    text = "\n".join(speed_markdown([row]))
+    assert "| fam.op | torch | 5 | 20.00 | 0.2 |" in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,21 @@ def name_outputs(spec: OpSpec, result: Any, who: str) -> dict[str, Any]:
     return dict(zip(names, result))
 
 
-def run_impl(spec: OpSpec, impl: Impl, case: Case) -> dict[str, Any]:
+def run_impl(spec: OpSpec, impl: Impl, case: Case, timings: dict[str, float] | None = None) -> dict[str, Any]:
+    """The implementation's outputs on `case`; `timings` (if given) gets the seconds spent
+    moving the inputs to its device ("transfer") and running it to completion ("impl")."""
     device = impl.resolve_device()
-    result = impl.function()(**case.to(device), **case.params)
+    start = time.perf_counter()
+    inputs = case.to(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    moved = time.perf_counter()
+    result = impl.function()(**inputs, **case.params)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if timings is not None:
+        timings["transfer"] = moved - start
+        timings["impl"] = time.perf_counter() - moved
     return name_outputs(spec, result, f"implementation {impl.name!r}")
 
 
@@ -72,22 +83,29 @@ def check_case(spec: OpSpec, impl: Impl, case: Case, *, case_dir: Path | None = 
                record=None) -> list[Comparison]:
     """Judge `impl` on `case`; on failure save the case (unless case_dir is None) and raise.
 
-    `record(spec, impl, comparisons, case)` is called with every verdict, pass or
-    fail, so that the report sees the whole distribution and not only failures.
+    `record(spec, impl, comparisons, case, timings)` is called with every verdict,
+    pass or fail, so that the report sees the whole distribution and not only
+    failures; `timings` are the seconds spent per phase (transfer, impl, oracle,
+    judge), which the report turns into fuzzing-speed figures.
     """
     header = f"{spec.name}[{impl.name}] on {case.describe()}"
+    timings: dict[str, float] = {}
     try:
-        actual = run_impl(spec, impl, case)
+        actual = run_impl(spec, impl, case, timings)
     except Exception as e:
         path = save_case(case_file_for(spec, impl, case_dir), case, op=spec.name, impl=impl.name) \
             if case_dir is not None else None
         replay = f"\n  replay: {replay_command(path)}" if path else ""
         raise VerificationError(f"{header}: the implementation raised {type(e).__name__}: {e}{replay}",
                                 case_file=path) from e
+    start = time.perf_counter()
     expected = run_oracle(spec, case, actual)
+    judged = time.perf_counter()
     comparisons = judge(spec, actual, expected)
+    timings["oracle"] = judged - start
+    timings["judge"] = time.perf_counter() - judged
     if record is not None:
-        record(spec, impl, comparisons, case)
+        record(spec, impl, comparisons, case, timings)
     failed = [c for c in comparisons if not c.passed]
     if not failed:
         return comparisons

@@ -67,10 +67,31 @@ class Collector:
     def __init__(self) -> None:
         self.rows: dict[tuple[str, ...], dict[str, Any]] = {}
         self.gradients: dict[tuple[str, ...], dict[str, Any]] = {}  # gradient checks, keyed by GRADIENT_KEY
+        self.speed: dict[tuple[str, str], dict[str, Any]] = {}  # fuzzing speed, keyed by (op, impl)
 
-    def record(self, spec, impl, comparisons: Iterable[Comparison], case=None) -> None:
+    def record(self, spec, impl, comparisons: Iterable[Comparison], case=None,
+               timings: dict[str, float] | None = None) -> None:
         for c in comparisons:
             self.add(spec.name, impl.name, c, case.describe() if case is not None else "")
+        if timings:
+            self.add_timings(spec.name, impl.name, timings)
+
+    def _speed_row(self, op: str, impl: str) -> dict[str, Any]:
+        if (op, impl) not in self.speed:
+            self.speed[op, impl] = new_speed_row(op, impl)
+        return self.speed[op, impl]
+
+    def add_timings(self, op: str, impl: str, timings: dict[str, float]) -> None:
+        """The phase times of one judged example."""
+        one = new_speed_row(op, impl)
+        one["examples"] = 1
+        one.update({f"{k}_s": v for k, v in timings.items() if f"{k}_s" in one})
+        one["first_impl_s"] = timings.get("impl", 0.0) if not self._speed_row(op, impl)["examples"] else 0.0
+        fold_speed(self._speed_row(op, impl), one)
+
+    def add_wall(self, op: str, impl: str, seconds: float) -> None:
+        """Wall time of a whole hypothesis run of (op, impl): drawing and shrinking included."""
+        self._speed_row(op, impl)["wall_s"] += seconds
 
     def add(self, op: str, impl: str, c: Comparison, case_desc: str = "") -> None:
         one = new_row(op, c.output, c.fmt, impl, c.policy)
@@ -95,7 +116,8 @@ class Collector:
         """One worker's rows, with what it ran on (`about`: worker id, GPU, pid)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({**about, "rows": list(self.rows.values()),
-                                    "gradients": list(self.gradients.values())}, default=str))
+                                    "gradients": list(self.gradients.values()),
+                                    "speed": list(self.speed.values())}, default=str))
 
 
 def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -107,6 +129,66 @@ def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
                 merged[key] = new_row(*key, row["policy"])
             fold(merged[key], row)
     return [merged[k] for k in sorted(merged)]
+
+
+# ---------------------------------------------------------------- fuzzing speed
+
+SPEED_PHASES = ("transfer", "impl", "oracle", "judge")
+
+
+def new_speed_row(op: str, impl: str) -> dict[str, Any]:
+    """Where the time of fuzzing (op, impl) went; `first_impl_s` is the first call of a
+    process (compilation or a kernel-cache load), also counted in `impl_s`."""
+    return {"op": op, "impl": impl, "examples": 0, "wall_s": 0.0, "first_impl_s": 0.0,
+            **{f"{p}_s": 0.0 for p in SPEED_PHASES}}
+
+
+def fold_speed(row: dict[str, Any], other: dict[str, Any]) -> None:
+    for k in ("examples", "wall_s", "first_impl_s", *(f"{p}_s" for p in SPEED_PHASES)):
+        row[k] += other[k]
+
+
+def merge_speed_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for p in sorted(paths):
+        for row in json.loads(Path(p).read_text()).get("speed", []):
+            key = (row["op"], row["impl"])
+            if key not in merged:
+                merged[key] = new_speed_row(*key)
+            fold_speed(merged[key], row)
+    return [merged[k] for k in sorted(merged)]
+
+
+SPEED_HEADER = ["op", "impl", "examples", "wall s", "examples/s", "first call s", "transfer", "impl", "oracle",
+                "judge", "draw, shrink, other"]
+
+
+def _speed_cells(r: dict[str, Any]) -> list[str]:
+    wall = r["wall_s"]
+
+    def share(seconds: float) -> str:
+        return f"{100 * seconds / wall:.0f}%" if wall > 0 else "-"
+
+    measured = sum(r[f"{p}_s"] for p in SPEED_PHASES)
+    rate = f"{r['examples'] / wall:.1f}" if wall > 0 else "-"
+    return [r["op"], r["impl"], str(r["examples"]), f"{wall:.2f}", rate, f"{r['first_impl_s']:.2f}",
+            *(share(r[f"{p}_s"]) for p in SPEED_PHASES), share(max(wall - measured, 0.0))]
+
+
+def speed_markdown(speed: list[dict[str, Any]]) -> list[str]:
+    if not speed:
+        return []
+    total_wall = sum(r["wall_s"] for r in speed)
+    total_examples = sum(r["examples"] for r in speed)
+    phases = {p: sum(r[f"{p}_s"] for r in speed) for p in SPEED_PHASES}
+    other = max(total_wall - sum(phases.values()), 0.0)
+    split = ", ".join(f"{p} {100 * v / total_wall:.0f}%" for p, v in phases.items()) if total_wall else ""
+    return ["", "## Fuzzing speed", "",
+            f"Summed over workers: {total_examples} judged examples in {total_wall:.1f} s of test time "
+            f"({total_examples / total_wall if total_wall else 0:.1f} examples/s); {split}, "
+            f"drawing, shrinking and the rest {100 * other / total_wall if total_wall else 0:.0f}%. "
+            "The first call of each (op, impl) in a process includes compiling or loading its kernel.", "",
+            _md_table([SPEED_HEADER, *[_speed_cells(r) for r in speed]])]
 
 
 # ---------------------------------------------------------------- gradients
@@ -246,9 +328,10 @@ def meta(profile: str, impl: str) -> dict[str, Any]:
 
 
 def write_report(out_dir: Path, rows: list[dict[str, Any]], meta_: dict[str, Any],
-                 gradients: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+                 gradients: list[dict[str, Any]] | None = None,
+                 speed: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"meta": meta_, "results": rows, "gradients": gradients or []}
+    doc = {"meta": meta_, "results": rows, "gradients": gradients or [], "speed": speed or []}
     paths = {
         "json": out_dir / "report.json",
         "md": out_dir / "report.md",
@@ -333,6 +416,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             out.append(f"- {r['op']}:{r['output']} [{r['impl']}] worst at {w.get('index')}: actual "
                        f"{w.get('actual')}, expected {w.get('expected')}, ULP {w.get('ulp')} ({w.get('case', '')})")
     out += gradients_markdown(grads)
+    out += speed_markdown(doc.get("speed", []))
     return "\n".join(out) + "\n"
 
 

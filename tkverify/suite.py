@@ -7,6 +7,8 @@ whose examples come from the op's strategy under the active hypothesis profile.
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import given
 
 from tkverify import gradients, registry
@@ -26,7 +28,11 @@ def verify(spec: registry.OpSpec, impl: registry.Impl, *, case_dir=None, record=
 def test_differential(tk_op_impl, tk_state):
     op, impl_name = tk_op_impl
     spec = registry.get(op)
-    verify(spec, spec.impls[impl_name], case_dir=tk_state["cases"], record=tk_state["collector"].record)
+    start = time.perf_counter()
+    try:
+        verify(spec, spec.impls[impl_name], case_dir=tk_state["cases"], record=tk_state["collector"].record)
+    finally:  # wall time includes drawing and shrinking, which the per-case timings do not see
+        tk_state["collector"].add_wall(op, impl_name, time.perf_counter() - start)
 
 
 def test_gradients(tk_grad_op_impl, tk_state):

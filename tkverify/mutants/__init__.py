@@ -215,7 +215,7 @@ class _Tracker:
                 raise
         return call
 
-    def record_forward(self, spec, impl, comparisons, case) -> None:
+    def record_forward(self, spec, impl, comparisons, case, timings=None) -> None:
         bad = [c for c in comparisons if not c.passed]
         if bad:
             self.failed("; ".join(c.message.strip().splitlines()[0] for c in bad))
