@@ -2,6 +2,7 @@
 # What a GPU run of tkverify does on the H200 (through the device tool):
 #   TKVERIFY_COMMIT=<hash> STEPS="precompile pytest report bench" bash scripts/gpu-run.sh [pytest -k expression]
 # STEPS (default: all of them) picks among: precompile pytest report bench mutants memcheck.
+# WORKERS (default 8) sets pytest -n; SEED passes --hypothesis-seed (the ci profile then draws other examples).
 # Everything it produces is packed into $OUT/results.tar.gz (the tool brings back few files).
 set -uo pipefail
 source .gpu/setup.sh main || exit 1  # (a bare source would pass this script's arguments on)
@@ -25,8 +26,15 @@ step() { local name=$1; shift; echo "=== $name: $*"; local t0=$(date +%s.%N)
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 
 wants precompile && step precompile python3 -m kernels.precompile
-wants pytest && step pytest python3 -m pytest -n 8 --tk-impl all --tk-profile ci --tk-report="$R/pytest-report" \
-  -p no:cacheprovider ${select:+-k "$select"}
+if wants pytest; then
+  # GPU utilisation once a second while the suite runs, and each worker's own account of its GPU.
+  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 \
+    >"$R/gpu-util.csv" 2>/dev/null & util=$!
+  step pytest python3 -m pytest -n "${WORKERS:-8}" --tk-impl all --tk-profile ci --tk-report="$R/pytest-report" \
+    -p no:cacheprovider ${SEED:+--hypothesis-seed="$SEED"} ${select:+-k "$select"}
+  kill "$util" 2>/dev/null
+  step shards python3 -m tkverify.cli shards "$R/pytest-report"
+fi
 wants report && step report python3 -m tkverify.cli report --impl tilelang --profile ci --out "$R/report-tilelang" -n 8 \
   ${select:+-k "$select"}
 if wants bench; then

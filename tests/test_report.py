@@ -75,3 +75,21 @@ def test_speed_shards_sum_and_the_first_call_is_kept_apart(tmp_path):
     assert row["judge_s"] == pytest.approx(5 * 0.04)
     text = "\n".join(speed_markdown([row]))
     assert "| fam.op | torch | 5 | 20.00 | 0.2 |" in text
+
+
+def test_shard_summary_checks_that_the_merge_is_the_union(tmp_path):
+    from tkverify.report import shard_summary
+
+    for w in range(3):
+        c = Collector()
+        c.add("fam.op", "torch", Comparison("out", "fp32", "ulp", 10, 9, 0.5 * w, 0.5, {"0": 9, "1": 1}, True))
+        c.add_timings("fam.op", "torch", {"impl": 0.1})
+        c.write_shard(tmp_path / "shards" / f"gw{w}.json", worker=f"gw{w}", gpu=0, pid=100 + w)
+    write_report(tmp_path, merge_shards((tmp_path / "shards").glob("*.json")), meta("ci", "torch"))
+    workers, union_equal = shard_summary(tmp_path)
+    assert union_equal and [w["worker"] for w in workers] == ["gw0", "gw1", "gw2"]
+    assert [w["examples"] for w in workers] == [1, 1, 1]
+    doc = json.loads((tmp_path / "report.json").read_text())
+    doc["results"][0]["count"] -= 1  # a merge that lost an element
+    (tmp_path / "report.json").write_text(json.dumps(doc))
+    assert not shard_summary(tmp_path)[1]

@@ -117,6 +117,20 @@ def _replay_gradients(spec, impl_name: str, case, meta: dict) -> int:
     return 0
 
 
+def cmd_shards(args: argparse.Namespace) -> int:
+    """What each pytest-xdist worker of a report did, and whether the merge lost nothing."""
+    from tkverify.report import shard_summary
+
+    workers, union_equal = shard_summary(args.report_dir)
+    for w in workers:
+        touched = w["peak_bytes_per_gpu"]
+        gpus = "-" if touched is None else ", ".join(f"cuda:{i} {b / 2**20:.0f} MiB" for i, b in enumerate(touched))
+        print(f"{w['worker']}: pid {w['pid']} pinned to {w['gpu']}; peak memory {gpus}; "
+              f"{w['examples']} judged examples in {w['rows']} rows, {w['gradients']} gradient rows")
+    print(f"report.json rows {'equal' if union_equal else 'DIFFER FROM'} the union of {len(workers)} shards")
+    return 0 if union_equal else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tkverify", description="Differential testing of GPU kernels against "
                                 "float64 oracles.")
@@ -143,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("path", help="the case file (.json; its .npz lies beside it)")
     rp.add_argument("--impl", default=None, help="run another implementation than the recorded one")
     rp.set_defaults(func=cmd_replay)
+
+    sh = sub.add_parser("shards", help="per-worker summary of a report's shards, and a check of their merge")
+    sh.add_argument("report_dir", type=Path, help="the folder given to --tk-report")
+    sh.set_defaults(func=cmd_shards)
 
     # Mutation testing (tkverify/mutants): the options live beside the runner.
     from tkverify import mutants

@@ -113,8 +113,11 @@ class Collector:
         fold_gradient(self.gradients[key], one)
 
     def write_shard(self, path: Path, **about: Any) -> None:
-        """One worker's rows, with what it ran on (`about`: worker id, GPU, pid)."""
+        """One worker's rows, with what it ran on (`about`: worker id, GPU, pid) and the
+        memory it touched on each visible GPU (evidence that a pinned worker kept to its own)."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            about["peak_bytes_per_gpu"] = [torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count())]
         path.write_text(json.dumps({**about, "rows": list(self.rows.values()),
                                     "gradients": list(self.gradients.values()),
                                     "speed": list(self.speed.values())}, default=str))
@@ -129,6 +132,24 @@ def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
                 merged[key] = new_row(*key, row["policy"])
             fold(merged[key], row)
     return [merged[k] for k in sorted(merged)]
+
+
+def shard_summary(report_dir: Path) -> tuple[list[dict[str, Any]], bool]:
+    """Per worker shard: who it was and what it did; and whether report.json's rows
+    equal the fold of the shards (the merged report is the union of its shards)."""
+    shards = sorted((report_dir / "shards").glob("*.json"))
+    workers = []
+    for p in shards:
+        doc = json.loads(p.read_text())
+        workers.append({
+            "worker": doc.get("worker", p.stem), "pid": doc.get("pid"), "gpu": doc.get("gpu"),
+            "peak_bytes_per_gpu": doc.get("peak_bytes_per_gpu"), "rows": len(doc["rows"]),
+            "gradients": len(doc.get("gradients", [])),
+            "examples": sum(r["examples"] for r in doc.get("speed", [])),
+        })
+    report = json.loads((report_dir / "report.json").read_text())
+    union = json.loads(json.dumps(merge_shards(shards), default=str))  # as report.json serialises it
+    return workers, union == report["results"]
 
 
 # ---------------------------------------------------------------- fuzzing speed
