@@ -501,6 +501,17 @@ def _swiglu_bytes(i, p):
     return benchshapes.nbytes(i["x"]) + n * h2 // 2 + n * (h2 // 2 // p["num_per_channels"]) * 4
 
 
+def _swiglu_routed_shape(device):
+    # a tenth of the rows padding (pos -1), weights gathered through pos_to_token_topk, clamp 7, counting
+    inputs, params = _swiglu_shape(device)
+    g = benchshapes.generator(device, 4)
+    pos = torch.randperm(_T, device=device, generator=g).to(torch.int32)
+    pos[torch.rand(_T, device=device, generator=g) < 0.1] = -1
+    inputs.update(pos_to_token_topk=pos, topk_weights=torch.rand(_T // 8 + 1, 8, device=device, generator=g),
+                  clamped_count=torch.zeros(3, dtype=torch.int64, device=device))
+    return inputs, dict(params, clamp=7.0)
+
+
 def _per_token(h, p):
     return h // p["num_per_channels"]
 
@@ -533,6 +544,8 @@ BENCH = {
     ),
     "quant.swiglu_forward_and_per_token_cast": (
         BenchShape(f"N{_T} 2x{_SWIGLU_H} bf16 e4m3/128", _swiglu_shape, _swiglu_bytes),
+        BenchShape(f"N{_T} 2x{_SWIGLU_H} bf16 e4m3/128 weights clamp count", _swiglu_routed_shape,
+                   lambda i, p: _swiglu_bytes(i, p) + i["x"].shape[0] * 8),
     ),
 }
 
