@@ -146,7 +146,10 @@ grid exceeds 2^31 - 1 CTAs.  T = 0 returns empty outputs without a launch.
 Every global access is guarded by hand (tilelang's safe-memory legalisation
 is disabled, as in the other kernel families).
 
-Static configurations: token_cast (source x / swiglu, input dtype, format) 12,
+Static configurations: token_cast (source x / swiglu, input dtype, format) 12, plus the 6 per-token
+casts from a precomputed sf (a kernel of their own since the precomputed path's inline IEEE
+divisions, 8K per lane, bloated the hot kernel's code), plus the tuning candidates
+(`TOKEN_TUNE_CONFIGS`: threads per CTA, blocks per lane, CTAs per SM),
 block_cast (input dtype, format e4m3 / e2m1) 4, cast_back (format, out dtype) 6.
 Everything else (npc, block geometry, sf storage, round_sf, layout, clamp_min,
 T, H) is a runtime argument.
@@ -179,8 +182,8 @@ WORDS_PER_CHUNK = {"bfloat16": 4, "float32": 8}  # 32-bit words of input per chu
 DATA_WORDS_PER_CHUNK = {"e4m3": 2, "e2m1": 1, "e5m6": 3}
 # Fast paths: K chunks per lane and block held in registers (K in fast_paths()); a CTA takes
 # FAST_CHUNKS chunks (every lane 64 bytes of input loaded at once; 128 for fp32 swiglu).
-FAST_CHUNKS = {("x", "bfloat16"): 4 * THREADS, ("x", "float32"): 2 * THREADS,
-               ("swiglu", "bfloat16"): 4 * THREADS, ("swiglu", "float32"): 2 * THREADS}
+FAST_CHUNKS_PER_LANE = {("x", "bfloat16"): 4, ("x", "float32"): 2, ("swiglu", "bfloat16"): 4, ("swiglu", "float32"): 2}
+FAST_CHUNKS = {key: chunks * THREADS for key, chunks in FAST_CHUNKS_PER_LANE.items()}
 GENERIC_STEPS = 2  # blocks per lane in the generic (two-pass) path
 MAX_CHUNKS_PER_LAUNCH = 2**26  # token_cast: chunks of y per launch (x indices stay below 2^31)
 MAX_BLOCKS_PER_LAUNCH = 2**31 - 1  # CTAs per launch (1-D grids)
@@ -469,23 +472,45 @@ class TokenConfig(NamedTuple):
     source: str  # "x" (per-token casts) or "swiglu"
     dtype: str  # input dtype: "bfloat16" or "float32"
     fmt: str  # "e4m3", "e2m1" or "e5m6"
+    # Tuning knobs (benchmarks/tune.py times candidates; the defaults are the shipped ones).
+    threads: int = THREADS  # per CTA
+    steps: int = 1  # fast paths: blocks of FAST_CHUNKS_PER_LANE chunks each lane loads before computing
+    min_blocks: int = 3  # CTAs per SM promised to ptxas (caps registers at 65536 / (threads * min_blocks))
+    # precomputed sf: 0 = never (the data follows from the kernel's own sf), 1 = always (the
+    # _with_precomputed_sf kernel); 2 = a runtime argument (one kernel for both, as before: its 8K
+    # inline IEEE divisions sit in the hot kernel's code; kept only as a tuning candidate)
+    precomputed: int = 0
 
 
 TOKEN_CONFIGS = tuple(TokenConfig(source, dtype, fmt) for source in ("x", "swiglu")
-                      for dtype in ("bfloat16", "float32") for fmt in FORMATS)
+                      for dtype in ("bfloat16", "float32") for fmt in FORMATS) + tuple(
+    TokenConfig("x", dtype, fmt, precomputed=1) for dtype in ("bfloat16", "float32") for fmt in FORMATS)
+# Candidates timed by benchmarks/tune.py against the defaults above (bitwise-checked there too).
+TOKEN_TUNE_CONFIGS = (
+    TokenConfig("x", "bfloat16", "e4m3", precomputed=2),  # the kernel as measured before the split
+    TokenConfig("x", "bfloat16", "e4m3", threads=128, min_blocks=6),
+    TokenConfig("x", "bfloat16", "e4m3", threads=512, min_blocks=1),
+    TokenConfig("x", "bfloat16", "e4m3", steps=2, min_blocks=2),
+    TokenConfig("x", "bfloat16", "e4m3", threads=128, steps=2, min_blocks=4),
+    TokenConfig("x", "bfloat16", "e2m1", threads=128, min_blocks=6),
+    TokenConfig("x", "bfloat16", "e2m1", steps=2, min_blocks=2),
+    TokenConfig("swiglu", "bfloat16", "e4m3", threads=128, min_blocks=6),
+    TokenConfig("swiglu", "bfloat16", "e4m3", steps=2, min_blocks=2),
+    TokenConfig("swiglu", "bfloat16", "e4m3", threads=512, min_blocks=1),
+)
 
 
 def build_token_cast(config: TokenConfig):
     """prim_func of the per-token cast (source x) or SwiGLU + per-token cast (source swiglu)."""
     T = _tilelang.T()
-    source, dtype, fmt = config
+    source, dtype, fmt, threads, steps, min_blocks, static_precomputed = config
     swiglu = source == "swiglu"
     wpc = WORDS_PER_CHUNK[dtype]
     dpc = DATA_WORDS_PER_CHUNK[fmt]
     bf16 = dtype == "bfloat16"
     width = 2 * wpc if swiglu else wpc  # words a slot holds (swiglu: l, then r)
     fast_ks = fast_paths(source, dtype)
-    fast_chunks = FAST_CHUNKS[source, dtype]
+    fast_chunks = FAST_CHUNKS_PER_LANE[source, dtype] * threads * steps
     n_xw, n_dw, n_s32, n_s8, n_pos, n_tw, n_cnt = T.dynamic("n_xw, n_dw, n_s32, n_s8, n_pos, n_tw, n_cnt")
     # the quotient is x * (1/sf) alone for swiglu and e2m1 (see encode_chunk), with a correction otherwise
     scale_of, read_scale, write_scale = _scale_macros(T, fmt, exact_reciprocal=not (swiglu or fmt == "e2m1"))
@@ -632,7 +657,7 @@ def build_token_cast(config: TokenConfig):
         # Out-of-range lanes load chunk 0 of row 0 (always there) instead of branching, and store nothing.
         lanes = 1 << lanes_log2
         lane_in_group = tx & (lanes - 1)
-        groups = THREADS >> lanes_log2  # blocks per CTA step
+        groups = threads >> lanes_log2  # blocks per CTA step
         words = T.alloc_local((nsteps * kf, width), "uint32")
         vals = T.alloc_local((kf * CHUNK,), "float32")
         q = T.alloc_local((CHUNK,), "float32")
@@ -682,7 +707,7 @@ def build_token_cast(config: TokenConfig):
         # (its loads hit L1 / L2) that quantises.  GENERIC_STEPS blocks per lane.
         lanes = 1 << lanes_log2
         lane_in_group = tx & (lanes - 1)
-        groups = THREADS >> lanes_log2
+        groups = threads >> lanes_log2
         words = T.alloc_local((1, width), "uint32")
         vals = T.alloc_local((CHUNK,), "float32")
         q = T.alloc_local((CHUNK,), "float32")
@@ -727,10 +752,10 @@ def build_token_cast(config: TokenConfig):
                     cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, with_data, precomputed, hidden_chunks,
                     has_pos, has_w, do_count, clamp):
         # chunks per CTA: FAST_CHUNKS for the fast paths (blk_k * steps * THREADS), else GENERIC_STEPS * THREADS * K
-        chunks_per_cta = T.if_then_else(path != 0, fast_chunks, GENERIC_STEPS * THREADS * blk_k)
-        with T.Kernel(T.ceildiv(num_chunks, chunks_per_cta), threads=THREADS, prelude=PRELUDE) as cta:
+        chunks_per_cta = T.if_then_else(path != 0, fast_chunks, GENERIC_STEPS * threads * blk_k)
+        with T.Kernel(T.ceildiv(num_chunks, chunks_per_cta), threads=threads, prelude=PRELUDE) as cta:
             # at most 85 registers: 3 CTAs (24 warps) per SM for the K = 4 paths (ptxas: no spills)
-            T.annotate_min_blocks_per_sm(3)
+            T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
             counts = T.alloc_local((3,), "int32")
             clamp_bits = _bits(T, clamp_min)
@@ -743,11 +768,11 @@ def build_token_cast(config: TokenConfig):
             elif path == 2:
                 fast_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, cols, cols_mul, cols_shift, row0, s0,
                           s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
-                          do_count, clamp, cta, tx, 2, fast_chunks // (2 * THREADS), counts)
+                          do_count, clamp, cta, tx, 2, fast_chunks // (2 * threads), counts)
             elif 4 in fast_ks:
                 fast_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, cols, cols_mul, cols_shift, row0, s0,
                           s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
-                          do_count, clamp, cta, tx, 4, fast_chunks // (4 * THREADS), counts)
+                          do_count, clamp, cta, tx, 4, fast_chunks // (4 * threads), counts)
             if swiglu:
                 if do_count != 0:
                     for i in T.unroll(3):
@@ -817,13 +842,24 @@ def build_token_cast(config: TokenConfig):
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
         kernel_body(xw, dw, sf32, sf8, None, None, None, num_chunks, num_blocks, path, lanes_log2, blk_k, cols,
-                    cols_mul, cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, with_data, precomputed,
-                    0, 0, 0, 0, T.float32(0))
+                    cols_mul, cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, with_data,
+                    precomputed if static_precomputed == 2 else static_precomputed, 0, 0, 0, 0, T.float32(0))
 
     return token_cast_x
 
 
-TOKEN_CAST = KernelDef("quant.token_cast", build_token_cast, TOKEN_CONFIGS)
+TOKEN_CAST = KernelDef("quant.token_cast", build_token_cast, TOKEN_CONFIGS + TOKEN_TUNE_CONFIGS)
+
+
+# (source, dtype, fmt, precomputed) -> the configuration to use instead of the default: set by
+# benchmarks/tune.py while it times a candidate (any config of TOKEN_CAST.configs).
+TOKEN_OVERRIDES: dict[tuple[str, str, str, int], TokenConfig] = {}
+
+
+def token_config(source: str, dtype: str, fmt: str, precomputed: bool = False) -> TokenConfig:
+    """The configuration of a token_cast call: the shipped one, unless a tuning run overrides it."""
+    key = (source, dtype, fmt, int(precomputed))
+    return TOKEN_OVERRIDES.get(key) or TokenConfig(source, dtype, fmt, precomputed=int(precomputed))
 
 
 # ------------------------------------------------------------ block_cast kernel
@@ -1099,9 +1135,10 @@ def _token_geometry(config: "TokenConfig", num_per_channels: int) -> tuple[int, 
     for k in sorted(fast_paths(config.source, config.dtype), reverse=True):
         lanes = chunks // k
         if chunks % k == 0 and lanes & (lanes - 1) == 0 and lanes <= WARP:
-            return k, lanes.bit_length() - 1, k, FAST_CHUNKS[config.source, config.dtype]
+            return k, lanes.bit_length() - 1, k, FAST_CHUNKS_PER_LANE[config.source, config.dtype] * config.threads \
+                * config.steps
     lanes = math.gcd(chunks, WARP)
-    return 0, lanes.bit_length() - 1, chunks // lanes, GENERIC_STEPS * THREADS * (chunks // lanes)
+    return 0, lanes.bit_length() - 1, chunks // lanes, GENERIC_STEPS * config.threads * (chunks // lanes)
 
 
 class _SfArgs(NamedTuple):
@@ -1219,7 +1256,7 @@ def _token_cast(x: torch.Tensor, fmt: str, n: int, round_sf: bool, use_ue8m0: bo
     data = _new_data(num_rows, hidden, fmt, device) if with_data else None
     if num_rows == 0:
         return data, sf
-    config = TokenConfig("x", IN_DTYPES[x.dtype], fmt)
+    config = token_config("x", IN_DTYPES[x.dtype], fmt)
     if hidden % CHUNK:
         # n == H: pad the row with zeros to a whole number of chunks, crop the data.
         h8 = _padded_hidden(hidden)
@@ -1273,7 +1310,7 @@ def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: s
     device = x.device
     if num_rows == 0:
         return _new_data(0, hidden, fmt, device)
-    config = TokenConfig("x", IN_DTYPES[x.dtype], fmt)
+    config = token_config("x", IN_DTYPES[x.dtype], fmt, precomputed=True)
     if hidden % CHUNK:
         h8 = _padded_hidden(hidden)
         xp = torch.zeros((num_rows, h8), dtype=x.dtype, device=device)
@@ -1328,7 +1365,7 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
     }
     if extras["has_w"] and extras["weights"].numel() == 0:
         extras["weights"] = _dummy(torch.float32, device)  # no slot to read (every row is padding)
-    config = TokenConfig("swiglu", IN_DTYPES[x.dtype], fmt)
+    config = token_config("swiglu", IN_DTYPES[x.dtype], fmt)
     if hidden % CHUNK:
         h8 = _padded_hidden(hidden)
         xp = torch.zeros((num_rows, 2 * h8), dtype=x.dtype, device=device)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a GPU run of tkverify does on the H200 (through the device tool):
 #   TKVERIFY_COMMIT=<hash> STEPS="precompile pytest report bench" bash scripts/gpu-run.sh [pytest -k expression]
-# STEPS (default: all of them) picks among: precompile pytest report bench mutants memcheck.
+# STEPS (default: all of them) picks among: precompile pytest report bench tune mutants memcheck.
 # WORKERS (default 8) sets pytest -n; SEED passes --hypothesis-seed (the ci profile then draws other examples).
 # Everything it produces is packed into $OUT/results.tar.gz (the tool brings back few files).
 set -uo pipefail
@@ -9,7 +9,7 @@ source .gpu/setup.sh main || exit 1  # (a bare source would pass this script's a
 export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR="$PWD/.cache/tilelang"
 R="${OUT:-/tmp/out}/results"; mkdir -p "$R"
 select="${1:-}"
-STEPS="${STEPS:-precompile pytest report bench mutants memcheck}"
+STEPS="${STEPS:-precompile pytest report bench tune mutants memcheck}"
 
 # The pytest11 entry point and the console script need an install; without one, name the plugin.
 if ! python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . >"$R/install.log" 2>&1; then
@@ -37,11 +37,10 @@ if wants pytest; then
 fi
 wants report && step report python3 -m tkverify.cli report --impl tilelang --profile ci --out "$R/report-tilelang" -n 8 \
   ${select:+-k "$select"}
-if wants bench; then
-  for b in benchmarks/[a-z]*.py; do
-    name=$(basename "$b" .py); step "bench-$name" python3 -m "benchmarks.$name" "$R/bench-$name.json"
-  done
-fi
+# Every op's declared benchmark shapes (tkverify/specs), tile-kernels included where it is installed.
+wants bench && step bench python3 -m tkverify.cli bench --load benchmarks.tile_kernels_impls --out "$R/bench"
+# Candidate static configurations of the per-token cast kernel, bitwise-checked against the shipped one.
+wants tune && step tune python3 -m benchmarks.tune "$R/tune.json"
 if wants mutants; then
   step mutants-tilelang python3 -m tkverify.cli mutants --impl tilelang --profile ci --out "$R/mutants-tilelang"
   step mutants-torch-cuda python3 -m tkverify.cli mutants --impl torch --profile ci --out "$R/mutants-torch-cuda"

@@ -1,14 +1,33 @@
-"""Timing on a CUDA device: median kernel time from CUDA events, and the copy roofline.
+"""`tkverify bench`: time every registered op's benchmark shapes, per implementation.
 
-Effective bandwidth is the bytes an op must read and write, each counted once,
-over the median time; the device-to-device copy measured in the same process
-is the ceiling it is compared against.
+Effective bandwidth is the bytes an op must read and write, each counted once
+(the shape's ``nbytes``), over the median time; the device-to-device copy
+measured in the same process is the ceiling it is compared against, and the
+write-only fill the ceiling of ops that write far more than they read.
+
+Two times per row:
+
+* ``time_us``: the median of CUDA-event times around ``impl(**inputs,
+  **params)`` (L2 flushed between runs) - what a caller sees, including the
+  wrapper's host work whenever the host is slower than the GPU;
+* ``kernel_us``: the same call captured once into a CUDA graph and replayed
+  (same flush): the device time alone.  Where the two differ, the difference
+  is host overhead, not kernel speed.  None (with ``graph_error``) when the
+  call cannot be captured.
+
+The timing needs CUDA; everything else here (selecting ops, ratios, merging
+runs, the markdown) is plain Python and tested on CPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as _dt
+import json
+import os
 import statistics
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -34,6 +53,25 @@ def median_time_s(fn: Callable[[], object], *, warmup: int = 5, reps: int = 30, 
     return statistics.median(times)
 
 
+def graph_time_s(fn: Callable[[], object], *, reps: int = 30) -> float:
+    """Median device seconds of `fn()` replayed from a CUDA graph (no host work timed), L2 flushed.
+
+    Raises whatever capture raises (a call that synchronises, or launches on
+    another stream, cannot be captured).
+    """
+    fn()  # compile and load outside the capture
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # warm the caching allocator on the capture stream, as torch's docs advise
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_time_s(graph.replay, reps=reps)
+
+
 def copy_bandwidth(nbytes: int = 2 * 2**30) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -46,3 +84,290 @@ def write_bandwidth(nbytes: int = 2 * 2**30) -> float:
     """Write-only bandwidth in bytes/s (a fill): the ceiling of ops that write far more than they read."""
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     return nbytes / median_time_s(lambda: dst.fill_(1), flush_l2=False)
+
+
+# ------------------------------------------------------------------ selection
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One benchmark shape of one op (``part`` "forward" or "backward")."""
+
+    op: str
+    part: str
+    shape: Any  # registry.BenchShape
+    impls: dict[str, Any]  # name -> registry.Impl
+
+    @property
+    def label(self) -> str:
+        return self.op if self.part == "forward" else f"{self.op} (backward)"
+
+
+def select(specs: Iterable[Any], k: str | None = None) -> list[Entry]:
+    """Every bench shape of the specs (forward, then backward), of the ops `k` selects.
+
+    k: a comma list of substrings; an op is selected when its name contains
+    one of them (None or "": every op).
+    """
+    words = [w.strip() for w in (k or "").split(",") if w.strip()]
+    entries = []
+    for spec in specs:
+        if words and not any(w in spec.name for w in words):
+            continue
+        entries += [Entry(spec.name, "forward", shape, spec.impls) for shape in spec.bench]
+        if spec.backward is not None:
+            entries += [Entry(spec.name, "backward", shape, spec.backward.impls) for shape in spec.backward.bench]
+    return entries
+
+
+def wanted_impls(entries: list[Entry], impl: str | None) -> list[str]:
+    """The implementation names asked for: a comma list, or (None / "all") the built-ins and every other name."""
+    if impl and impl != "all":
+        return [n.strip() for n in impl.split(",") if n.strip()]
+    from tkverify.registry import BUILTIN_IMPLS
+
+    # the built-ins always: one an op lacks is listed as not run, with the reason
+    names = {n for e in entries for n in e.impls}
+    return list(BUILTIN_IMPLS) + sorted(names - set(BUILTIN_IMPLS))
+
+
+# --------------------------------------------------------------------- running
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)}:{str(value.dtype).removeprefix('torch.')}"
+    return value
+
+
+def run(entries: list[Entry], impl_names: list[str], *, reps: int = 30, graphs: bool = True,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Time every (entry, implementation) on the current CUDA device; returns the bench document."""
+    device = torch.device("cuda")
+    copy = copy_bandwidth()
+    write = write_bandwidth()
+    log(f"copy bandwidth {copy / 1e12:.3f} TB/s, write-only {write / 1e12:.3f} TB/s")
+    rows, unavailable = [], []
+    for entry in entries:
+        impls = {}
+        for name in impl_names:
+            impl = entry.impls.get(name)
+            reason = f"{entry.op} has no implementation {name!r}" if impl is None else impl.unavailable_reason()
+            if reason:
+                unavailable.append({"op": entry.label, "shape": entry.shape.name, "impl": name, "reason": reason})
+            else:
+                impls[name] = impl
+        if not impls:
+            continue
+        inputs, params = entry.shape.make(device)
+        row_base = {"op": entry.label, "shape": entry.shape.name, "bytes": entry.shape.nbytes(inputs, params),
+                    "flops": entry.shape.flops(inputs, params) if entry.shape.flops else None,
+                    "target": entry.shape.target,
+                    "params": {k: _describe(v) for k, v in params.items()},
+                    "inputs": {k: _describe(v) for k, v in inputs.items()}}
+        for name, impl in impls.items():
+            fn = impl.function()
+            call = lambda fn=fn: fn(**{k: v for k, v in inputs.items()}, **params)  # noqa: E731
+            row = dict(row_base, impl=name)
+            try:
+                row["time_us"] = median_time_s(call, reps=reps) * 1e6
+            except Exception as e:  # reported in the table, not hidden
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+                rows.append(row)
+                log(f"{entry.label} [{entry.shape.name}] {name}: {row['error']}")
+                continue
+            if graphs:
+                try:
+                    row["kernel_us"] = graph_time_s(call, reps=reps) * 1e6
+                except Exception as e:  # reported: the eager time still stands
+                    row["kernel_us"] = None
+                    row["graph_error"] = f"{type(e).__name__}: {e}"[:200]
+                    torch.cuda.synchronize()
+            rows.append(row)
+            log(f"{entry.label} [{entry.shape.name}] {name}: {row['time_us']:.1f} us"
+                + (f" (graph {row['kernel_us']:.1f} us)" if row.get("kernel_us") else ""))
+        del inputs
+        torch.cuda.empty_cache()
+    doc = {"meta": meta(), "copy_bandwidth_TBps": copy / 1e12, "write_bandwidth_TBps": write / 1e12,
+           "rows": rows, "unavailable": unavailable}
+    return derive(doc)
+
+
+def meta() -> dict[str, Any]:
+    """Date, commit (TKVERIFY_COMMIT or git), device and driver, and the versions that matter."""
+    from tkverify.report import device_info, git_commit
+
+    versions = {"torch": torch.__version__}
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        version, PackageNotFoundError = None, Exception
+    for dist in ("tilelang", "tile-kernels", "tkverify"):
+        try:
+            versions[dist] = version(dist)
+        except PackageNotFoundError:
+            versions[dist] = None
+    return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": os.environ.get("TKVERIFY_COMMIT") or git_commit(),
+            "versions": versions, **device_info()}
+
+
+# ------------------------------------------------------------ derived columns
+
+
+def derive(doc: dict[str, Any]) -> dict[str, Any]:
+    """Fill each row's bandwidth, ceilings, FLOP/s, target verdict and ratios to tile_kernels (in place).
+
+    A row is judged by its best time: the graph's kernel time where there is
+    one (the kernel's own speed), else the eager time.  ``vs[name]`` is
+    name's time over this row's time: above 1, this implementation is faster.
+    Every implementation whose name starts with "tile_kernels" is a reference.
+    """
+    copy = doc["copy_bandwidth_TBps"] * 1e12
+    write = doc.get("write_bandwidth_TBps")
+    best = {}
+    for row in doc["rows"]:
+        t = best_time_us(row)
+        if t is None:
+            continue
+        best[row["op"], row["shape"], row["impl"]] = t
+        row["TBps"] = row["bytes"] / (t * 1e-6) / 1e12
+        row["of_copy"] = row["bytes"] / (t * 1e-6) / copy
+        row["of_write"] = row["bytes"] / (t * 1e-6) / (write * 1e12) if write else None
+        row["TFLOPs"] = row["flops"] / (t * 1e-6) / 1e12 if row.get("flops") else None
+        row["met"] = None if row.get("target") is None else row["of_copy"] >= row["target"]
+    for row in doc["rows"]:
+        t = best.get((row["op"], row["shape"], row["impl"]))
+        row["vs"] = {}
+        for (op, shape, impl), other in best.items():
+            if op == row["op"] and shape == row["shape"] and impl.startswith("tile_kernels") and impl != row["impl"] \
+                    and t is not None:
+                row["vs"][impl] = other / t
+    return doc
+
+
+def best_time_us(row: dict[str, Any]) -> float | None:
+    if row.get("kernel_us"):
+        return row["kernel_us"]
+    return row.get("time_us")
+
+
+# ------------------------------------------------------------------- merging
+
+
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document from several runs (e.g. tile-kernels 1.0.0 timed under another environment).
+
+    Each run's ``tile_kernels`` rows become ``tile_kernels==<its version>``;
+    other rows are kept from the first run that has them (a later run's
+    duplicate is dropped and listed under ``dropped``).  Bandwidth ratios stay
+    those of the run that measured the row (``copy_bandwidth_TBps`` is kept
+    per row); the document's own ceilings are the first run's.
+    """
+    if not docs:
+        raise ValueError("nothing to merge")
+    rows, seen, dropped, unavailable = [], set(), [], []
+    for doc in docs:
+        version = (doc.get("meta", {}).get("versions") or {}).get("tile-kernels") or "?"
+        for row in doc["rows"]:
+            row = dict(row, copy_bandwidth_TBps=row.get("copy_bandwidth_TBps", doc["copy_bandwidth_TBps"]))
+            if row["impl"] == "tile_kernels":
+                row["impl"] = f"tile_kernels=={version}"
+            key = (row["op"], row["shape"], row["impl"])
+            if key in seen:
+                dropped.append({"op": row["op"], "shape": row["shape"], "impl": row["impl"],
+                                "commit": doc.get("meta", {}).get("commit")})
+                continue
+            seen.add(key)
+            rows.append(row)
+        unavailable += doc.get("unavailable", [])
+    have = {(r["op"], r["shape"], r["impl"].split("==")[0]) for r in rows}
+    unavailable = [u for u in unavailable if (u["op"], u["shape"], u["impl"]) not in have]
+    out = {"meta": docs[0].get("meta", {}), "runs": [d.get("meta", {}) for d in docs],
+           "copy_bandwidth_TBps": docs[0]["copy_bandwidth_TBps"],
+           "write_bandwidth_TBps": docs[0].get("write_bandwidth_TBps"),
+           "rows": rows, "unavailable": unavailable, "dropped": dropped}
+    derive(out)
+    # a row of another run is judged against that run's copy bandwidth
+    for row in out["rows"]:
+        t = best_time_us(row)
+        if t is not None:
+            row["of_copy"] = row["bytes"] / (t * 1e-6) / (row["copy_bandwidth_TBps"] * 1e12)
+            row["met"] = None if row.get("target") is None else row["of_copy"] >= row["target"]
+    return out
+
+
+# ------------------------------------------------------------------ markdown
+
+
+def _fmt(value: Any, spec: str = ".1f", none: str = "-") -> str:
+    if value is None:
+        return none
+    return format(value, spec)
+
+
+def _impl_order(rows: list[dict[str, Any]]) -> list[str]:
+    first = ("tilelang", "torch")
+    names = {r["impl"] for r in rows}
+    return [n for n in first if n in names] + sorted(n for n in names if n not in first)
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    m = doc.get("meta", {})
+    lines = ["# tkverify bench", ""]
+    runs = doc.get("runs") or [m]
+    for run_meta in runs:
+        v = run_meta.get("versions", {})
+        lines.append(f"- {run_meta.get('date', '?')}, commit {run_meta.get('commit', '?')}, "
+                     f"{run_meta.get('device', '?')} (driver {run_meta.get('driver', '?')}), "
+                     + ", ".join(f"{k} {v[k]}" for k in sorted(v) if v[k]))
+    lines += [f"- copy bandwidth {doc['copy_bandwidth_TBps']:.3f} TB/s (read + write), write-only "
+              f"{_fmt(doc.get('write_bandwidth_TBps'), '.3f')} TB/s", "- time: median of CUDA-event times, "
+              "L2 flushed; kernel: the same call replayed from a CUDA graph (device time alone). Bandwidth, "
+              "ratios and verdicts use the kernel time where there is one.", ""]
+    rows = doc["rows"]
+    impls = _impl_order(rows)
+    lines += ["## Summary (kernel time in us; share of copy bandwidth)", "",
+              "| op | shape | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls)]
+    shapes = list(dict.fromkeys((r["op"], r["shape"]) for r in rows))
+    by_key = {(r["op"], r["shape"], r["impl"]): r for r in rows}
+    for op, shape in shapes:
+        cells = []
+        for impl in impls:
+            r = by_key.get((op, shape, impl))
+            if r is None:
+                cells.append("")
+            elif "error" in r:
+                cells.append("error")
+            else:
+                cells.append(f"{best_time_us(r):.1f} ({r['of_copy']:.0%})")
+        lines.append(f"| {op} | {shape} | " + " | ".join(cells) + " |")
+    lines += ["", "## Every row", "",
+              "| op | shape | impl | time us | kernel us | TB/s | of copy | of write | TFLOP/s | target | met | "
+              "vs tile_kernels |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | error: {r['error']} |"
+                         + " |" * 8)
+            continue
+        vs = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(r.get("vs", {}).items())) or "-"
+        target = "-" if r.get("target") is None else f"{r['target']:.0%}"
+        met = {None: "-", True: "yes", False: "**no**"}[r.get("met")]
+        lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | {_fmt(r.get('time_us'))} | "
+                     f"{_fmt(r.get('kernel_us'))} | {_fmt(r.get('TBps'), '.2f')} | {_fmt(r.get('of_copy'), '.0%')} | "
+                     f"{_fmt(r.get('of_write'), '.0%')} | {_fmt(r.get('TFLOPs'), '.2f')} | {target} | {met} | {vs} |")
+    if doc.get("unavailable"):
+        lines += ["", "## Not run", ""]
+        lines += [f"- {u['op']} [{u['shape']}] {u['impl']}: {u['reason']}" for u in doc["unavailable"]]
+    if doc.get("dropped"):
+        lines += ["", "## Duplicates dropped while merging (the first run's row is kept)", ""]
+        lines += [f"- {d['op']} [{d['shape']}] {d['impl']} (commit {d['commit']})" for d in doc["dropped"]]
+    return "\n".join(lines) + "\n"
+
+
+def write(doc: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "bench.json", "md": out_dir / "bench.md"}
+    paths["json"].write_text(json.dumps(doc, indent=1, default=str))
+    paths["md"].write_text(render_markdown(doc))
+    return paths

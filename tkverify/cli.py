@@ -1,4 +1,4 @@
-"""The `tkverify` command: list, report, replay."""
+"""The `tkverify` command: list, report, replay, mutants, bench."""
 
 from __future__ import annotations
 
@@ -131,6 +131,39 @@ def cmd_shards(args: argparse.Namespace) -> int:
     return 0 if union_equal else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from tkverify import bench
+
+    if args.merge:
+        docs = []
+        for path in args.merge:
+            try:
+                docs.append(json.loads(Path(path).read_text()))
+            except (OSError, ValueError) as e:
+                print(f"tkverify bench --merge: cannot read {path}: {e}", file=sys.stderr)
+                return 2
+        doc = bench.merge(docs)
+    else:
+        import torch
+
+        registry.load_plugins(args.load)
+        entries = bench.select(registry.all_specs(), args.k)
+        if not entries:
+            print(f"tkverify bench: no op with benchmark shapes matches -k {args.k!r}", file=sys.stderr)
+            return 2
+        if not torch.cuda.is_available():
+            print("tkverify bench: timing needs a CUDA device, which this machine lacks", file=sys.stderr)
+            return 2
+        doc = bench.run(entries, bench.wanted_impls(entries, args.impl), reps=args.reps, graphs=not args.no_graph)
+    paths = bench.write(doc, args.out)
+    for u in doc.get("unavailable", []):
+        print(f"not run: {u['op']} [{u['shape']}] {u['impl']}: {u['reason']}")
+    print(f"bench: {paths['md']} (and {paths['json'].name})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tkverify", description="Differential testing of GPU kernels against "
                                 "float64 oracles.")
@@ -161,6 +194,17 @@ def build_parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("shards", help="per-worker summary of a report's shards, and a check of their merge")
     sh.add_argument("report_dir", type=Path, help="the folder given to --tk-report")
     sh.set_defaults(func=cmd_shards)
+
+    b = with_load(sub.add_parser("bench", help="time every op's benchmark shapes against the copy roofline"))
+    b.add_argument("--impl", default=None, help="comma list (default: every implementation an op has; "
+                   "unavailable ones are listed with the reason)")
+    b.add_argument("-k", default=None, help="comma list of substrings: only ops whose name contains one")
+    b.add_argument("--out", default="tkverify-bench", type=Path, help="output folder (default tkverify-bench)")
+    b.add_argument("--reps", default=30, type=int, help="timed repetitions per row (default 30)")
+    b.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph (device-only) timing")
+    b.add_argument("--merge", nargs="+", metavar="JSON", help="join the bench.json of several runs instead of "
+                   "timing (each run's tile_kernels rows become tile_kernels==<its version>)")
+    b.set_defaults(func=cmd_bench)
 
     # Mutation testing (tkverify/mutants): the options live beside the runner.
     from tkverify import mutants

@@ -92,10 +92,85 @@ from tkverify.policies import (
     summation,
     summation_error,
 )
-from tkverify.registry import OpSpec, register, tilelang_impl, torch_impl
+from tkverify import benchshapes
+from tkverify.registry import BenchShape, OpSpec, register, tilelang_impl, torch_impl
+
+# -- benchmark shapes (tkverify bench) ------------------------------------------------------
+# DeepSeek-V3's routing: T = 16384 tokens, K = 8 of E = 256 experts, hidden 7168 in bf16,
+# segments aligned to 128 rows.
+_T, _E, _K, _H, _ALIGN = 16384, 256, 8, 7168, 128
+
+
+def _topk_shape(device):
+    return {"scores": benchshapes.randn((_T, _E), torch.float32, device)}, {"k": _K}
+
+
+def _routed_idx(device):
+    return {"idx": benchshapes.routing(_T, _E, _K, _ALIGN, device)["topk_idx"]}, {"num_groups": _E}
+
+
+def _mapping_shape(device):
+    return ({"topk_idx": benchshapes.routing(_T, _E, _K, _ALIGN, device)["topk_idx"]},
+            {"num_experts": _E, "alignment": _ALIGN})
+
+
+def _mapping_bytes(i, p):
+    pairs = i["topk_idx"].numel()
+    counts = torch.bincount(i["topk_idx"].reshape(-1), minlength=p["num_experts"])
+    num_rows = int(((counts + p["alignment"] - 1) // p["alignment"] * p["alignment"]).sum())
+    return pairs * 8 + pairs * 4 + 2 * num_rows * 4 + 2 * p["num_experts"] * 4
+
+
+def _expand_shape(device):
+    r = benchshapes.routing(_T, _E, _K, _ALIGN, device)
+    return ({"x": benchshapes.randn((_T, _H), torch.bfloat16, device, 1), "token_topk_to_pos": r["token_topk_to_pos"]},
+            {"num_expanded_rows": r["num_rows"]})
+
+
+def _expand_bytes(i, p):
+    # x read once, every row of out written once (padding rows are zeroed), positions read
+    row = i["x"].shape[1] * i["x"].element_size()
+    return benchshapes.nbytes(i["x"]) + p["num_expanded_rows"] * row + benchshapes.nbytes(i["token_topk_to_pos"])
+
+
+def _reduce_shape(device):
+    r = benchshapes.routing(_T, _E, _K, _ALIGN, device)
+    return ({"x": benchshapes.randn((r["num_rows"], _H), torch.bfloat16, device, 1),
+             "topk_weights": torch.rand(_T, _K, device=device, generator=benchshapes.generator(device, 2)),
+             "token_topk_to_pos": r["token_topk_to_pos"]}, {})
+
+
+def _reduce_bytes(i, p):
+    # the rows slots reach (T * K, padding rows are never read), out written, weights and positions read
+    pairs = i["token_topk_to_pos"].numel()
+    row = i["x"].shape[1] * i["x"].element_size()
+    return pairs * row + i["token_topk_to_pos"].shape[0] * row + pairs * 8
+
+
+def _normalize_shape(device):
+    return {"topk_weights": torch.rand(_T, _K, device=device, generator=benchshapes.generator(device, 2))}, {}
+
+
+_SHAPE = f"T{_T} E{_E} K{_K}"
+_DATA_SHAPE = f"T{_T} K{_K} H{_H} bf16"
+# Latency-bound ops (a few MB or less): judged by time alone (target None), and against tile-kernels.
+BENCH = {
+    "moe.topk_gate": (BenchShape(f"{_SHAPE} f32", _topk_shape,
+                                 lambda i, p: benchshapes.nbytes(i["scores"]) + _T * p["k"] * 8, target=None),),
+    "moe.group_count": (BenchShape(f"{_SHAPE} int64", _routed_idx,
+                                   lambda i, p: benchshapes.nbytes(i["idx"]) + p["num_groups"] * 4, target=None),),
+    "moe.fused_mapping": (BenchShape(f"{_SHAPE} align {_ALIGN}", _mapping_shape, _mapping_bytes, target=None),),
+    "moe.expand_to_fused": (BenchShape(_DATA_SHAPE, _expand_shape, _expand_bytes),),
+    "moe.reduce_fused": (BenchShape(_DATA_SHAPE, _reduce_shape, _reduce_bytes),),
+    "moe.normalize_weight": (BenchShape(f"T{_T} K{_K}", _normalize_shape,
+                                        lambda i, p: 2 * benchshapes.nbytes(i["topk_weights"]) + _T * 4,
+                                        target=None),),
+}
+
 
 register(OpSpec(
     name="moe.topk_gate",
+    bench=BENCH.get("moe.topk_gate", ()),
     oracle=references.moe.topk_gate,
     strategy=strategies.moe.topk_gate_cases,
     outputs={"indices": bitwise(torch.int64)},
@@ -259,6 +334,7 @@ _INT32 = bitwise(torch.int32)
 
 register(OpSpec(
     name="moe.group_count",
+    bench=BENCH.get("moe.group_count", ()),
     oracle=references.moe.group_count,
     strategy=strategies.moe.group_count_cases,
     outputs={"counts": _INT32},
@@ -268,6 +344,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="moe.fused_mapping",
+    bench=BENCH.get("moe.fused_mapping", ()),
     oracle=references.moe.fused_mapping,
     strategy=strategies.moe.fused_mapping_cases,
     outputs={
@@ -284,6 +361,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="moe.expand_to_fused",
+    bench=BENCH.get("moe.expand_to_fused", ()),
     oracle=references.moe.expand_to_fused,
     strategy=strategies.moe.expand_to_fused_cases,
     outputs={"out": StoredBitwise()},
@@ -294,6 +372,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="moe.expand_to_fused_with_sf",
+    bench=BENCH.get("moe.expand_to_fused_with_sf", ()),
     oracle=_expand_oracle_with_sf,
     strategy=strategies.moe.expand_to_fused_with_sf_cases,
     outputs={"out": StoredBitwise(), "sf": StoredBitwise()},
@@ -307,6 +386,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="moe.reduce_fused",
+    bench=BENCH.get("moe.reduce_fused", ()),
     oracle=references.moe.reduce_fused,
     strategy=strategies.moe.reduce_fused_cases,
     outputs={"out": summation()},
@@ -317,6 +397,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="moe.normalize_weight",
+    bench=BENCH.get("moe.normalize_weight", ()),
     oracle=references.moe.normalize_weight,
     strategy=strategies.moe.normalize_weight_cases,
     outputs={"denom": summation("fp32"), "weights": summation("fp32")},

@@ -98,9 +98,9 @@ import torch
 
 import references.quant as ref
 import strategies.quant
-from tkverify import formats
+from tkverify import benchshapes, formats
 from tkverify.policies import Bracket, Comparison, Policy, bitwise, within
-from tkverify.registry import OpSpec, register, tilelang_impl, torch_impl
+from tkverify.registry import BenchShape, OpSpec, register, tilelang_impl, torch_impl
 
 CAST_WINDOW = 2.0**-22
 SWIGLU_WINDOW = 2.0**-18
@@ -464,8 +464,95 @@ def _impls(name: str, torch_target: Any = None, tilelang_target: Any = None) -> 
     }
 
 
+# -- benchmark shapes (tkverify bench) ------------------------------------------------------------------
+# DeepSeek-V3's: activations bf16 (16384, 7168); SwiGLU input (16384, 2 x 2048).
+_T, _H, _SWIGLU_H = 16384, 7168, 2048
+_DATA_BYTES = {"e4m3": 1.0, "e2m1": 0.5, "e5m6": 1.5}  # bytes of data per element
+
+
+def _x_shape(params):
+    return lambda device: ({"x": benchshapes.randn((_T, _H), torch.bfloat16, device)}, dict(params))
+
+
+def _cast_bytes(sf_rows, sf_cols):
+    """x read + data written + an fp32 sf of sf_rows(T) x sf_cols(H, params) written."""
+    def count(i, p):
+        t, h = i["x"].shape
+        return (benchshapes.nbytes(i["x"]) + int(t * h * _DATA_BYTES[p["fmt"]]) + sf_rows(t, p) * sf_cols(h, p) * 4)
+    return count
+
+
+def _cast_back_shape(device):
+    g = benchshapes.generator(device, 3)
+    data = torch.randint(0, 256, (_T, _H), dtype=torch.uint8, device=device, generator=g)
+    data[(data & 0x7F) == 0x7F] = 0  # no NaN codes: a dequantisation of real data
+    sf = torch.rand(_T, _H // 128, device=device, generator=g) + 0.5
+    return ({"data": data.view(torch.float8_e4m3fn), "sf": sf},
+            {"fmt": "e4m3", "block": [1, 128], "out_dtype": torch.bfloat16})
+
+
+def _swiglu_shape(device):
+    return ({"x": benchshapes.randn((_T, 2 * _SWIGLU_H), torch.bfloat16, device)},
+            {"fmt": "e4m3", "num_per_channels": 128})
+
+
+def _swiglu_bytes(i, p):
+    n, h2 = i["x"].shape
+    return benchshapes.nbytes(i["x"]) + n * h2 // 2 + n * (h2 // 2 // p["num_per_channels"]) * 4
+
+
+def _swiglu_routed_shape(device):
+    # a tenth of the rows padding (pos -1), weights gathered through pos_to_token_topk, clamp 7, counting
+    inputs, params = _swiglu_shape(device)
+    g = benchshapes.generator(device, 4)
+    pos = torch.randperm(_T, device=device, generator=g).to(torch.int32)
+    pos[torch.rand(_T, device=device, generator=g) < 0.1] = -1
+    inputs.update(pos_to_token_topk=pos, topk_weights=torch.rand(_T // 8 + 1, 8, device=device, generator=g),
+                  clamped_count=torch.zeros(3, dtype=torch.int64, device=device))
+    return inputs, dict(params, clamp=7.0)
+
+
+def _per_token(h, p):
+    return h // p["num_per_channels"]
+
+
+_X = f"T{_T} H{_H} bf16"
+BENCH = {
+    "quant.per_token_cast": (
+        BenchShape(f"{_X} e4m3/128", _x_shape({"fmt": "e4m3", "num_per_channels": 128}),
+                   _cast_bytes(lambda t, p: t, _per_token)),
+        BenchShape(f"{_X} e2m1/32", _x_shape({"fmt": "e2m1", "num_per_channels": 32}),
+                   _cast_bytes(lambda t, p: t, _per_token)),
+        BenchShape(f"{_X} e5m6/H", _x_shape({"fmt": "e5m6", "num_per_channels": _H}),
+                   _cast_bytes(lambda t, p: t, _per_token)),
+        BenchShape(f"{_X} e4m3/128 round_sf packed ue8m0 tma", _x_shape(
+            {"fmt": "e4m3", "num_per_channels": 128, "round_sf": True, "use_ue8m0": True, "use_packed_ue8m0": True,
+             "use_tma_aligned_col_major_sf": True}),
+            lambda i, p: benchshapes.nbytes(i["x"]) + i["x"].numel() + i["x"].shape[0] * (_H // 128 // 4) * 4),
+    ),
+    "quant.per_block_cast": (
+        BenchShape(f"{_X} e4m3 128x128", _x_shape({"fmt": "e4m3", "block": [128, 128]}),
+                   _cast_bytes(lambda t, p: -(-t // 128), lambda h, p: h // 128)),
+    ),
+    "quant.per_channel_cast": (
+        BenchShape(f"{_X} e4m3 128x1", _x_shape({"fmt": "e4m3", "num_per_tokens": 128}),
+                   _cast_bytes(lambda t, p: -(-t // p["num_per_tokens"]), lambda h, p: h)),
+    ),
+    "quant.cast_back": (
+        BenchShape(f"T{_T} H{_H} e4m3/128 -> bf16", _cast_back_shape,
+                   lambda i, p: benchshapes.nbytes(i["data"]) + benchshapes.nbytes(i["sf"]) + i["data"].numel() * 2),
+    ),
+    "quant.swiglu_forward_and_per_token_cast": (
+        BenchShape(f"N{_T} 2x{_SWIGLU_H} bf16 e4m3/128", _swiglu_shape, _swiglu_bytes),
+        BenchShape(f"N{_T} 2x{_SWIGLU_H} bf16 e4m3/128 weights clamp count", _swiglu_routed_shape,
+                   lambda i, p: _swiglu_bytes(i, p) + i["x"].shape[0] * 8),
+    ),
+}
+
+
 register(OpSpec(
     name="quant.per_token_cast",
+    bench=BENCH.get("quant.per_token_cast", ()),
     oracle=ref.per_token_cast,
     strategy=strategies.quant.per_token_cast_cases,
     outputs={"data": _DATA_POLICY, "sf": _SF_POLICY},
@@ -476,6 +563,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="quant.per_token_cast_with_sf_only",
+    bench=BENCH.get("quant.per_token_cast_with_sf_only", ()),
     oracle=ref.per_token_cast_with_sf_only,
     strategy=strategies.quant.per_token_cast_cases,
     outputs={"sf": _SF_POLICY},
@@ -486,6 +574,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="quant.per_token_cast_with_precomputed_sf",
+    bench=BENCH.get("quant.per_token_cast_with_precomputed_sf", ()),
     oracle=ref.per_token_cast_with_precomputed_sf,
     strategy=strategies.quant.precomputed_sf_cases,
     outputs={"data": _DATA_POLICY},
@@ -496,6 +585,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="quant.per_block_cast",
+    bench=BENCH.get("quant.per_block_cast", ()),
     oracle=ref.per_block_cast,
     strategy=strategies.quant.per_block_cast_cases,
     outputs={"data": _DATA_POLICY, "sf": _SF_POLICY},
@@ -506,6 +596,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="quant.per_channel_cast",
+    bench=BENCH.get("quant.per_channel_cast", ()),
     oracle=ref.per_channel_cast,
     strategy=strategies.quant.per_channel_cast_cases,
     outputs={"data": _DATA_POLICY, "sf": _SF_POLICY},
@@ -516,6 +607,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="quant.cast_back",
+    bench=BENCH.get("quant.cast_back", ()),
     oracle=ref.cast_back,
     strategy=strategies.quant.cast_back_cases,
     outputs={"out": Decided("bitwise against q * sf (exact) rounded once to out_dtype; dtype checked")},
@@ -526,6 +618,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="quant.swiglu_forward_and_per_token_cast",
+    bench=BENCH.get("quant.swiglu_forward_and_per_token_cast", ()),
     oracle=ref.swiglu_forward_and_per_token_cast,
     strategy=strategies.quant.swiglu_cases,
     outputs={

@@ -1,9 +1,26 @@
 """Transposes: pure data movement, judged bitwise (NaN payloads and -0 included)."""
 
+import torch
+
 import references.transpose
 import strategies.transpose
+from tkverify import benchshapes
+from tkverify.registry import BenchShape, OpSpec, register, tilelang_impl, torch_impl
 from tkverify.policies import bitwise
-from tkverify.registry import OpSpec, register, tilelang_impl, torch_impl
+
+
+def _transpose_shape(rows: int, cols: int, dtype: torch.dtype) -> BenchShape:
+    # x read once and out written once; odd sizes are the tail tiles' cost
+    name = f"{rows}x{cols} {str(dtype).removeprefix('torch.').replace('float8_e4m3fn', 'e4m3')}"
+    return BenchShape(name, lambda device: ({"x": benchshapes.randn((rows, cols), dtype, device)}, {}),
+                      lambda i, p: 2 * benchshapes.nbytes(i["x"]))
+
+
+BENCH = {
+    "transpose.transpose": tuple(_transpose_shape(m, n, dtype)
+                                 for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn)
+                                 for m, n in ((8192, 8192), (8191, 8193))),
+}
 
 for name, doc in (("transpose", "out[j, i] = x[i, j]"), ("batched_transpose", "out[b, j, i] = x[b, i, j]")):
     register(OpSpec(
@@ -16,4 +33,5 @@ for name, doc in (("transpose", "out[j, i] = x[i, j]"), ("batched_transpose", "o
             "tilelang": tilelang_impl(f"kernels.transpose:{name}"),
         },
         doc=doc,
+        bench=BENCH.get(f"transpose.{name}", ()),
     ))

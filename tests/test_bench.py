@@ -1,0 +1,143 @@
+"""tkverify bench: op selection, the declared shapes, ratios, merging and the markdown (CPU);
+the timing itself on CUDA only."""
+
+import inspect
+import json
+
+import pytest
+import torch
+
+from tkverify import bench, cli, registry
+
+
+def _row(op, impl, time_us, kernel_us=None, shape="s", nbytes=4_200_000, target=0.9, flops=None):
+    return {"op": op, "shape": shape, "impl": impl, "bytes": nbytes, "time_us": time_us, "kernel_us": kernel_us,
+            "target": target, "flops": flops}
+
+
+def _doc(rows, tk_version="2.1.0", copy=4.2, commit="abc"):
+    return {"meta": {"commit": commit, "versions": {"tile-kernels": tk_version, "torch": "2.11"}},
+            "copy_bandwidth_TBps": copy, "write_bandwidth_TBps": 3.3, "rows": rows, "unavailable": []}
+
+
+def test_select_by_substrings_and_backward_shapes():
+    specs = registry.all_specs()
+    every = bench.select(specs)
+    assert {e.op for e in every} >= {"moe.topk_gate", "moe.expand_to_fused", "quant.per_token_cast",
+                                     "transpose.transpose"}
+    chosen = bench.select(specs, "topk, swiglu")
+    assert {e.op for e in chosen} == {"moe.topk_gate", "quant.swiglu_forward_and_per_token_cast"}
+    assert bench.select(specs, "no-such-op") == []
+    shape = registry.BenchShape("b", lambda d: ({}, {}), lambda i, p: 1)
+    fake = registry.OpSpec("fam.op", None, None, {}, {}, bench=(shape,),
+                           backward=registry.Backward(("x",), {"gx": None}, ("y",), None, {}, bench=(shape, shape)))
+    parts = [e.part for e in bench.select([fake])]
+    assert parts == ["forward", "backward", "backward"]
+    assert bench.select([fake])[1].label == "fam.op (backward)"
+
+
+def test_wanted_impls_lists_every_builtin_by_default():
+    entries = bench.select(registry.all_specs(), "topk")
+    assert bench.wanted_impls(entries, None)[:3] == ["torch", "tilelang", "tile_kernels"]
+    assert bench.wanted_impls(entries, "tilelang, mine") == ["tilelang", "mine"]
+
+
+@pytest.mark.parametrize("entry", bench.select(registry.all_specs()), ids=lambda e: f"{e.op}[{e.shape.name}]")
+def test_declared_shapes_build_on_cpu(entry):
+    """Each shape makes tensors on the device asked for, its byte count is what the op moves at least
+    (every input read once), and the call signature fits the eager implementation's."""
+    inputs, params = entry.shape.make(torch.device("cpu"))
+    assert inputs and all(t.device.type == "cpu" for t in inputs.values())
+    read = sum(t.numel() * t.element_size() for t in inputs.values())
+    total = entry.shape.nbytes(inputs, params)
+    # expand_to_fused writes about 8 times what it reads
+    assert isinstance(total, int) and read <= total <= 16 * read
+    fn = entry.impls["torch"].function()
+    if inspect.isfunction(fn):  # (wrappers such as swiglu's take **kwargs)
+        inspect.signature(fn).bind(**inputs, **params)
+
+
+def test_expected_dtypes_and_sizes_of_key_shapes():
+    got = {(e.op, e.shape.name): e for e in bench.select(registry.all_specs())}
+    x = got["quant.per_token_cast", "T16384 H7168 bf16 e4m3/128"]
+    inputs, params = x.shape.make(torch.device("cpu"))
+    assert inputs["x"].dtype == torch.bfloat16 and inputs["x"].shape == (16384, 7168)
+    # x 2 bytes + data 1 byte per element + one fp32 sf per 128
+    assert x.shape.nbytes(inputs, params) == 16384 * 7168 * 3 + 16384 * 56 * 4
+    e = got["moe.expand_to_fused", "T16384 K8 H7168 bf16"]
+    inputs, params = e.shape.make(torch.device("cpu"))
+    n = params["num_expanded_rows"]
+    assert 16384 * 8 <= n <= 16384 * 8 + 256 * 127 and n % 128 == 0
+    assert e.shape.nbytes(inputs, params) == 16384 * 7168 * 2 + n * 7168 * 2 + 16384 * 8 * 4
+    t = got["transpose.transpose", "8191x8193 e4m3"]
+    inputs, _ = t.shape.make(torch.device("cpu"))
+    assert inputs["x"].dtype == torch.float8_e4m3fn and inputs["x"].shape == (8191, 8193)
+
+
+def test_derive_bandwidth_target_and_ratio_to_tile_kernels():
+    doc = bench.derive(_doc([_row("op", "tilelang", 2.0, kernel_us=1.0), _row("op", "tile_kernels", 1.5),
+                             _row("op", "torch", 10.0, target=None)]))
+    ours, theirs, eager = doc["rows"]
+    assert ours["TBps"] == pytest.approx(4.2) and ours["of_copy"] == pytest.approx(1.0)  # judged by kernel time
+    assert ours["met"] is True and ours["vs"] == {"tile_kernels": pytest.approx(1.5)}
+    assert theirs["met"] is False and theirs["vs"] == {}
+    assert eager["met"] is None and eager["vs"]["tile_kernels"] == pytest.approx(0.15)
+
+
+def test_merge_labels_tile_kernels_versions_and_keeps_first_duplicate():
+    a = _doc([_row("op", "tilelang", 1.0), _row("op", "tile_kernels", 2.0)], "2.1.0")
+    a["unavailable"] = [{"op": "op2", "shape": "s", "impl": "tile_kernels", "reason": "none"}]
+    b = _doc([_row("op", "tilelang", 9.0), _row("op", "tile_kernels", 4.0), _row("op2", "tile_kernels", 1.0)],
+             "1.0.0", copy=2.1, commit="def")
+    merged = bench.merge([a, b])
+    impls = [(r["op"], r["impl"]) for r in merged["rows"]]
+    assert impls == [("op", "tilelang"), ("op", "tile_kernels==2.1.0"), ("op", "tile_kernels==1.0.0"),
+                     ("op2", "tile_kernels==1.0.0")]
+    ours = merged["rows"][0]
+    assert ours["time_us"] == 1.0  # the first run's
+    assert ours["vs"] == {"tile_kernels==2.1.0": pytest.approx(2.0), "tile_kernels==1.0.0": pytest.approx(4.0)}
+    assert merged["rows"][2]["of_copy"] == pytest.approx(4_200_000 / 4e-6 / 2.1e12)  # its own run's ceiling
+    assert merged["dropped"] == [{"op": "op", "shape": "s", "impl": "tilelang", "commit": "def"}]
+    assert merged["unavailable"] == []  # op2's tile_kernels came from the second run
+    md = bench.render_markdown(merged)
+    assert "| op | s | 1.0 (100%) | 4.0 (50%) | 2.0 (50%) |" in md  # 1.0.0 at its own 2.1 TB/s
+    assert "tile_kernels==1.0.0: 4.00x" in md and "tile_kernels==2.1.0: 2.00x" in md
+    assert "commit def" in md
+
+
+def test_markdown_shows_errors_misses_and_unavailable():
+    doc = _doc([_row("op", "tilelang", 5.0), {**_row("op", "torch", None), "error": "RuntimeError: boom"}])
+    doc["unavailable"] = [{"op": "op", "shape": "s", "impl": "tile_kernels", "reason": "not installed"}]
+    md = bench.render_markdown(bench.derive(doc))
+    assert "error: RuntimeError: boom" in md
+    assert "**no**" in md  # 20% of copy against a 90% target
+    assert "- op [s] tile_kernels: not installed" in md
+
+
+def test_cli_merge_writes_json_and_markdown(tmp_path):
+    paths = []
+    for name, version in (("a", "2.1.0"), ("b", "1.0.0")):
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(_doc([_row("op", "tile_kernels", 2.0)], version)))
+        paths.append(str(p))
+    assert cli.main(["bench", "--merge", *paths, "--out", str(tmp_path / "out")]) == 0
+    doc = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert {r["impl"] for r in doc["rows"]} == {"tile_kernels==2.1.0", "tile_kernels==1.0.0"}
+    assert (tmp_path / "out" / "bench.md").read_text().startswith("# tkverify bench")
+    assert cli.main(["bench", "--merge", str(tmp_path / "missing.json"), "--out", str(tmp_path)]) == 2
+
+
+def test_cli_bench_rejects_an_unknown_op(capsys):
+    assert cli.main(["bench", "-k", "no-such-op"]) == 2
+    assert "no op" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="timing needs CUDA")
+def test_timing_a_copy_on_cuda():
+    shape = registry.BenchShape("copy", lambda d: ({"x": torch.ones(2**24, device=d)}, {}), lambda i, p: 2**27)
+    spec = registry.OpSpec("fam.copy", None, None, {}, {"torch": registry.Impl("torch", lambda x: x.clone())},
+                           bench=(shape,))
+    doc = bench.run(bench.select([spec]), ["torch", "tile_kernels"], reps=5, log=lambda s: None)
+    (row,) = doc["rows"]
+    assert row["time_us"] > 0 and row["kernel_us"] > 0 and 0 < row["of_copy"] < 2
+    assert doc["unavailable"][0]["impl"] == "tile_kernels"
