@@ -67,6 +67,7 @@ class Collector:
     def __init__(self) -> None:
         self.rows: dict[tuple[str, ...], dict[str, Any]] = {}
         self.gradients: dict[tuple[str, ...], dict[str, Any]] = {}  # gradient checks, keyed by GRADIENT_KEY
+        self.unsupported: dict[tuple[str, str], dict[str, int]] = {}  # (op, impl) -> reason -> cases
 
     def record(self, spec, impl, comparisons: Iterable[Comparison], case=None) -> None:
         for c in comparisons:
@@ -83,6 +84,11 @@ class Collector:
             self.rows[key] = new_row(*key, c.policy)
         fold(self.rows[key], one)
 
+    def add_unsupported(self, op: str, impl: str, reason: str) -> None:
+        """A case the implementation refused (`tkverify.registry.Unsupported`), with its reason."""
+        reasons = self.unsupported.setdefault((op, impl), {})
+        reasons[reason] = reasons.get(reason, 0) + 1
+
     def add_gradient(self, check: Any, case_desc: str = "") -> None:
         """One `tkverify.gradients.GradientCheck` verdict."""
         one = gradient_row(check, case_desc)
@@ -94,8 +100,11 @@ class Collector:
     def write_shard(self, path: Path, **about: Any) -> None:
         """One worker's rows, with what it ran on (`about`: worker id, GPU, pid)."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        unsupported = [{"op": op, "impl": impl, "reasons": reasons}
+                       for (op, impl), reasons in self.unsupported.items()]
         path.write_text(json.dumps({**about, "rows": list(self.rows.values()),
-                                    "gradients": list(self.gradients.values())}, default=str))
+                                    "gradients": list(self.gradients.values()),
+                                    "unsupported": unsupported}, default=str))
 
 
 def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -107,6 +116,32 @@ def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
                 merged[key] = new_row(*key, row["policy"])
             fold(merged[key], row)
     return [merged[k] for k in sorted(merged)]
+
+
+def merge_unsupported_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Per (op, impl): the cases refused as unsupported, in all, and per reason."""
+    merged: dict[tuple[str, str], dict[str, int]] = {}
+    for p in sorted(paths):
+        for row in json.loads(Path(p).read_text()).get("unsupported", []):
+            reasons = merged.setdefault((row["op"], row["impl"]), {})
+            for reason, n in row["reasons"].items():
+                reasons[reason] = reasons.get(reason, 0) + n
+    return [{"op": op, "impl": impl, "cases": sum(r.values()),
+             "reasons": dict(sorted(r.items(), key=lambda kv: (-kv[1], kv[0])))}
+            for (op, impl), r in sorted(merged.items())]
+
+
+def unsupported_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    out = ["", "## Not available: unsupported cases", "",
+           "Cases an implementation refused because it lacks the option, format, size or input domain "
+           "they ask for (in the installed version). They were not judged: the rows above cover only the "
+           "cases that ran.", ""]
+    for r in rows:
+        reasons = "; ".join(f"{reason} ({n})" for reason, n in r["reasons"].items())
+        out.append(f"- {r['op']} [{r['impl']}] unsupported: {r['cases']} cases ({reasons})")
+    return out
 
 
 # ---------------------------------------------------------------- gradients
@@ -246,9 +281,10 @@ def meta(profile: str, impl: str) -> dict[str, Any]:
 
 
 def write_report(out_dir: Path, rows: list[dict[str, Any]], meta_: dict[str, Any],
-                 gradients: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+                 gradients: list[dict[str, Any]] | None = None,
+                 unsupported: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"meta": meta_, "results": rows, "gradients": gradients or []}
+    doc = {"meta": meta_, "results": rows, "gradients": gradients or [], "unsupported": unsupported or []}
     paths = {
         "json": out_dir / "report.json",
         "md": out_dir / "report.md",
@@ -333,6 +369,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             out.append(f"- {r['op']}:{r['output']} [{r['impl']}] worst at {w.get('index')}: actual "
                        f"{w.get('actual')}, expected {w.get('expected')}, ULP {w.get('ulp')} ({w.get('case', '')})")
     out += gradients_markdown(grads)
+    out += unsupported_markdown(doc.get("unsupported", []))
     return "\n".join(out) + "\n"
 
 
@@ -385,4 +422,13 @@ def render_html(doc: dict[str, Any]) -> str:
         )
     parts.append("</table>")
     parts += gradients_html(doc.get("gradients", []))
+    for line in unsupported_markdown(doc.get("unsupported", [])):
+        if line.startswith("## "):
+            parts.append(f"<h2>{html.escape(line[3:])}</h2><ul>")
+        elif line.startswith("- "):
+            parts.append(f"<li>{html.escape(line[2:])}</li>")
+        elif line:
+            parts.append(f"<p>{html.escape(line)}</p>")
+    if doc.get("unsupported"):
+        parts.append("</ul>")
     return "\n".join(parts) + "\n"
