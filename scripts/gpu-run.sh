@@ -18,12 +18,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$R/gpu.txt"
 python3 -c "import torch, tilelang; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'tilelang', tilelang.__version__)" | tee -a "$R/gpu.txt"
 
-step() { local name=$1; shift; echo "=== $name: $*"; local t0=$(date +%s.%N)
-  "$@" >"$R/$name.log" 2>&1; local rc=$?
-  awk -v n="$name" -v rc="$rc" -v t0="$t0" -v t1="$(date +%s.%N)" \
-    'BEGIN { printf "=== %s: rc=%s, %.1f s\n", n, rc, t1 - t0 }' | tee -a "$R/steps.txt"
-  tail -n 25 "$R/$name.log"; }
-wants() { [[ " $STEPS " == *" $1 "* ]]; }
+source scripts/steps.sh
 
 wants precompile && step precompile python3 -m kernels.precompile
 if wants pytest; then

@@ -18,3 +18,27 @@ def test_imports_do_not_load_tilelang():
     ])
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+FRAMEWORK = ["tkverify", "tkverify.plugin", "tkverify.cli", "tkverify.suite", "tkverify.adapters",
+             "tkverify.adapters.tile_kernels", "references", "strategies"]
+
+
+def test_framework_and_adapters_never_import_our_kernels_or_the_libraries_under_test():
+    """Under tile-kernels 1.0's bundle (tilelang 0.1.11) our kernels package may not import, so
+    nothing the differential suite loads for --tk-impl tile_kernels may import it; the adapter
+    imports tile-kernels only when one of its implementations runs, and reads its version from
+    package metadata for the availability checks."""
+    code = "\n".join([
+        "import sys",
+        *(f"import {m}" for m in FRAMEWORK),
+        "from tkverify import registry",
+        "for spec in registry.all_specs():",
+        "    for impl in spec.impls.values():",
+        "        if impl.name == 'tile_kernels': impl.unavailable_reason()",
+        "assert registry.get('moe.topk_gate').impls['tile_kernels'], 'the adapter registered nothing'",
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('kernels', 'tile_kernels', 'tilelang', 'tvm'))",
+        "assert not loaded, loaded",
+    ])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import time
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import pytest
 import torch
 
 from tkverify.case import Case, save_case
 from tkverify.policies import Comparison
-from tkverify.registry import Impl, OpSpec
+from tkverify.registry import Impl, OpSpec, Unsupported
 
 DEFAULT_CASE_DIR = Path(os.environ.get("TKVERIFY_CASE_DIR", ".tkverify/cases"))
 
@@ -90,6 +93,7 @@ def check_case(spec: OpSpec, impl: Impl, case: Case, *, case_dir: Path | None = 
     """
     header = f"{spec.name}[{impl.name}] on {case.describe()}"
     timings: dict[str, float] = {}
+    # An `Unsupported` refusal is no Exception: it passes through, with no case file.
     try:
         actual = run_impl(spec, impl, case, timings)
     except Exception as e:
@@ -118,3 +122,44 @@ def check_case(spec: OpSpec, impl: Impl, case: Case, *, case_dir: Path | None = 
     if path is not None:
         lines.append(f"  replay: {replay_command(path)}")
     raise VerificationError("\n".join(lines), comparisons, path)
+
+
+class UnsupportedCasesWarning(UserWarning):
+    """Some drawn cases were outside what an implementation offers (`Unsupported`)."""
+
+
+class UnsupportedTally:
+    """Counts the examples of one test that an implementation refused with `Unsupported`.
+
+    Hypothesis cannot skip a single example, so a refused example counts as
+    unsupported (reported with its reason) and the search goes on; at the end a
+    test whose every example was refused is skipped with the reasons, and a test
+    with some refused ones warns, so that coverage is never overstated.
+    """
+
+    def __init__(self, op: str, impl: str, record: Callable[[str, str, str], None] | None = None):
+        self.op, self.impl, self.record = op, impl, record
+        self.examples = 0
+        self.reasons: collections.Counter[str] = collections.Counter()
+
+    def run(self, body: Callable[[], object]) -> None:
+        self.examples += 1
+        try:
+            body()
+        except Unsupported as e:
+            self.reasons[e.reason] += 1
+            if self.record is not None:
+                self.record(self.op, self.impl, e.reason)
+
+    def summary(self) -> str:
+        n = sum(self.reasons.values())
+        listed = "; ".join(f"{reason} ({count}x)" for reason, count in self.reasons.most_common(5))
+        more = f"; and {len(self.reasons) - 5} more reasons" if len(self.reasons) > 5 else ""
+        return f"{self.op}[{self.impl}] unsupported: {n} of {self.examples} cases ({listed}{more})"
+
+    def finish(self) -> None:
+        if not self.reasons:
+            return
+        if sum(self.reasons.values()) == self.examples:
+            pytest.skip(self.summary())
+        warnings.warn(UnsupportedCasesWarning(self.summary()), stacklevel=2)

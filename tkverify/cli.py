@@ -53,6 +53,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     return rc
 
 
+UNSUPPORTED_EXIT = 3  # replay: the implementation refused the case (the library lacks what it asks for)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from tkverify.case import CaseFileError, load_case
     from tkverify.check import VerificationError, check_case
@@ -80,15 +83,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if reason:
         print(f"tkverify replay: {reason}", file=sys.stderr)
         return 2
-    if "gradient" in meta:
-        return _replay_gradients(spec, impl_name, case, meta)
-    print(f"replaying {spec.name} [{impl_name}] on {case.describe()}")
-    print(f"  recorded with: {meta.get('versions', {})}")
     try:
-        comparisons = check_case(spec, impl, case, case_dir=None)
-    except VerificationError as e:
-        print(f"FAIL\n{e}")
-        return 1
+        if "gradient" in meta:
+            return _replay_gradients(spec, impl_name, case, meta)
+        print(f"replaying {spec.name} [{impl_name}] on {case.describe()}")
+        print(f"  recorded with: {meta.get('versions', {})}")
+        try:
+            comparisons = check_case(spec, impl, case, case_dir=None)
+        except VerificationError as e:
+            print(f"FAIL\n{e}")
+            return 1
+    except registry.Unsupported as e:
+        print(f"UNSUPPORTED: {e.reason}")
+        return UNSUPPORTED_EXIT
     for c in comparisons:
         print(f"  {c.output} ({c.fmt}, {c.policy}): {c.count} elements, {c.exact} exact, max ULP {c.max_ulp:.3g}")
     print("PASS")
@@ -186,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     r.set_defaults(func=cmd_report)
 
-    rp = with_load(sub.add_parser("replay", help="re-run a saved failing case and print the verdict"))
+    rp = with_load(sub.add_parser("replay", help="re-run a saved failing case and print the verdict (exit 0 pass, "
+                                  "1 fail, 2 cannot run, 3 unsupported by the implementation)"))
     rp.add_argument("path", help="the case file (.json; its .npz lies beside it)")
     rp.add_argument("--impl", default=None, help="run another implementation than the recorded one")
     rp.set_defaults(func=cmd_replay)

@@ -101,7 +101,7 @@ from torch.autograd.gradcheck import GradcheckError
 
 from tkverify import formats
 from tkverify.case import Case, save_case
-from tkverify.check import VerificationError, replay_command, run_impl
+from tkverify.check import UnsupportedTally, VerificationError, replay_command, run_impl
 from tkverify.policies import Bracket
 from tkverify.registry import Backward, Impl, OpSpec
 
@@ -680,14 +680,20 @@ def check_gradients(spec: OpSpec, impl_name: str, case: Case, seed: int, *, case
 
 
 def verify(spec: OpSpec, impl_name: str, *, case_dir: Path | None = None,
-           record: Callable[[GradientCheck, str], None] | None = None, precision: str = "auto") -> None:
-    """Let hypothesis hunt for a case (and cotangent seed) where a gradient check fails."""
+           record: Callable[[GradientCheck, str], None] | None = None, precision: str = "auto",
+           record_unsupported: Callable[[str, str, str], None] | None = None) -> None:
+    """Let hypothesis hunt for a case (and cotangent seed) where a gradient check fails.
+
+    Cases the implementation refuses (`Unsupported`) are counted as in `tkverify.suite.verify`."""
+    tally = UnsupportedTally(f"{spec.name} (backward)", impl_name, record_unsupported)
 
     @given(case=spec.strategy(), seed=st.integers(0, 2**32 - 1))
     def run(case, seed):
-        check_gradients(spec, impl_name, case, seed, case_dir=case_dir, record=record, precision=precision)
+        tally.run(lambda: check_gradients(spec, impl_name, case, seed, case_dir=case_dir, record=record,
+                                          precision=precision))
 
     run()
+    tally.finish()
 
 
 def replay(spec: OpSpec, impl_name: str, case: Case, about: dict[str, Any]) -> list[GradientCheck]:

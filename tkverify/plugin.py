@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from tkverify import profiles, registry
-from tkverify.report import Collector, merge_gradient_shards, merge_shards, merge_speed_shards, meta, write_report
+from tkverify.report import (Collector, merge_gradient_shards, merge_shards, merge_speed_shards,
+                             merge_unsupported_shards, meta, write_report)
 
 IMPL_CHOICES = ("auto", "all", *registry.BUILTIN_IMPLS)
 
@@ -168,13 +169,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     worker = worker_id(config) or "main"
     shards = state["report"] / "shards"
     collector = state["collector"]
-    if collector.rows or collector.gradients or collector.speed or worker == "main":
+    if collector.rows or collector.gradients or collector.speed or collector.unsupported or worker == "main":
         collector.write_shard(shards / f"{worker}.json", worker=worker, gpu=state["gpu"], pid=os.getpid())
     if worker_id(config) is None:  # the controller, with or without xdist
         rows = merge_shards(shards.glob("*.json"))
         paths = write_report(state["report"], rows, meta(state["profile"], config.getoption("--tk-impl")),
                              gradients=merge_gradient_shards(shards.glob("*.json")),
-                             speed=merge_speed_shards(shards.glob("*.json")))
+                             speed=merge_speed_shards(shards.glob("*.json")),
+                             unsupported=merge_unsupported_shards(shards.glob("*.json")))
         config.stash[_STATE]["written"] = paths
 
 

@@ -17,10 +17,31 @@ import pkgutil
 import sys
 from typing import Any, Callable
 
+import pytest
 import torch
 
 # Implementations every built-in op may have, in the order `--tk-impl all` runs them.
 BUILTIN_IMPLS = ("torch", "tilelang", "tile_kernels")
+
+
+class Unsupported(pytest.skip.Exception):
+    """An implementation cannot run this case: the library lacks the option, format,
+    size or input domain it asks for (say which, and in which version, in `reason`).
+
+    It is not a discrepancy: `check_case` saves no case file for it, the
+    differential suite records it per (op, implementation) as "unsupported" in
+    the report, and a test whose every example is unsupported is skipped with the
+    reasons.  It derives from pytest's skip exception, so that code which catches
+    ``Exception`` (an implementation's errors) lets it through, and anywhere else
+    under pytest it is a skip, never a failure.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(msg=reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
 
 
 @dataclasses.dataclass
@@ -30,13 +51,17 @@ class Impl:
     ``device`` is where its inputs go: "cuda", "cpu", or "auto" (CUDA when
     present, else CPU).  ``requires`` lists importable modules it needs; an
     implementation whose requirements are missing is reported as unavailable
-    with the reason, never silently dropped.
+    with the reason, never silently dropped.  ``available`` is the
+    implementation's own check, run after those: it returns None, or why the
+    implementation cannot run here (an installed library version that lacks the
+    op, say).  A case it cannot run is refused at call time with `Unsupported`.
     """
 
     name: str
     target: str | Callable[..., Any]
     device: str = "cuda"
     requires: tuple[str, ...] = ()
+    available: Callable[[], str | None] | None = None
 
     def unavailable_reason(self) -> str | None:
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -52,6 +77,8 @@ class Impl:
                 found = False
             if not found:
                 return f"implementation {self.name!r}: {module} does not exist (yet)"
+        if self.available is not None:
+            return self.available()
         return None
 
     def resolve_device(self) -> torch.device:
@@ -242,11 +269,22 @@ def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
 
         for info in pkgutil.iter_modules(tkverify.specs.__path__):
             importlib.import_module(f"tkverify.specs.{info.name}")
+        # Adapters of other libraries add implementations to the ops declared above.
+        import tkverify.adapters
+
+        for info in pkgutil.iter_modules(tkverify.adapters.__path__):
+            importlib.import_module(f"tkverify.adapters.{info.name}")
     extra = [m for m in os.environ.get("TKVERIFY_LOAD", "").split(",") if m]
     if (modules or extra) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # a user's module beside them, as `python -m` would find it
     for m in [*modules, *extra]:
         importlib.import_module(m)
+
+
+def has(name: str) -> bool:
+    """Whether an op of that name is registered (without loading anything: for plugins
+    that extend ops declared before them)."""
+    return name in _REGISTRY
 
 
 def get(name: str) -> OpSpec:

@@ -68,6 +68,7 @@ class Collector:
         self.rows: dict[tuple[str, ...], dict[str, Any]] = {}
         self.gradients: dict[tuple[str, ...], dict[str, Any]] = {}  # gradient checks, keyed by GRADIENT_KEY
         self.speed: dict[tuple[str, str], dict[str, Any]] = {}  # fuzzing speed, keyed by (op, impl)
+        self.unsupported: dict[tuple[str, str], dict[str, int]] = {}  # (op, impl) -> reason -> cases
 
     def record(self, spec, impl, comparisons: Iterable[Comparison], case=None,
                timings: dict[str, float] | None = None) -> None:
@@ -104,6 +105,11 @@ class Collector:
             self.rows[key] = new_row(*key, c.policy)
         fold(self.rows[key], one)
 
+    def add_unsupported(self, op: str, impl: str, reason: str) -> None:
+        """A case the implementation refused (`tkverify.registry.Unsupported`), with its reason."""
+        reasons = self.unsupported.setdefault((op, impl), {})
+        reasons[reason] = reasons.get(reason, 0) + 1
+
     def add_gradient(self, check: Any, case_desc: str = "") -> None:
         """One `tkverify.gradients.GradientCheck` verdict."""
         one = gradient_row(check, case_desc)
@@ -118,9 +124,12 @@ class Collector:
         path.parent.mkdir(parents=True, exist_ok=True)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             about["peak_bytes_per_gpu"] = [torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count())]
+        unsupported = [{"op": op, "impl": impl, "reasons": reasons}
+                       for (op, impl), reasons in self.unsupported.items()]
         path.write_text(json.dumps({**about, "rows": list(self.rows.values()),
                                     "gradients": list(self.gradients.values()),
-                                    "speed": list(self.speed.values())}, default=str))
+                                    "speed": list(self.speed.values()),
+                                    "unsupported": unsupported}, default=str))
 
 
 def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -210,6 +219,32 @@ def speed_markdown(speed: list[dict[str, Any]]) -> list[str]:
             f"drawing, shrinking and the rest {100 * other / total_wall if total_wall else 0:.0f}%. "
             "The first call of each (op, impl) in a process includes compiling or loading its kernel.", "",
             _md_table([SPEED_HEADER, *[_speed_cells(r) for r in speed]])]
+
+
+def merge_unsupported_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Per (op, impl): the cases refused as unsupported, in all, and per reason."""
+    merged: dict[tuple[str, str], dict[str, int]] = {}
+    for p in sorted(paths):
+        for row in json.loads(Path(p).read_text()).get("unsupported", []):
+            reasons = merged.setdefault((row["op"], row["impl"]), {})
+            for reason, n in row["reasons"].items():
+                reasons[reason] = reasons.get(reason, 0) + n
+    return [{"op": op, "impl": impl, "cases": sum(r.values()),
+             "reasons": dict(sorted(r.items(), key=lambda kv: (-kv[1], kv[0])))}
+            for (op, impl), r in sorted(merged.items())]
+
+
+def unsupported_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    out = ["", "## Not available: unsupported cases", "",
+           "Cases an implementation refused because it lacks the option, format, size or input domain "
+           "they ask for (in the installed version). They were not judged: the rows above cover only the "
+           "cases that ran.", ""]
+    for r in rows:
+        reasons = "; ".join(f"{reason} ({n})" for reason, n in r["reasons"].items())
+        out.append(f"- {r['op']} [{r['impl']}] unsupported: {r['cases']} cases ({reasons})")
+    return out
 
 
 # ---------------------------------------------------------------- gradients
@@ -350,9 +385,11 @@ def meta(profile: str, impl: str) -> dict[str, Any]:
 
 def write_report(out_dir: Path, rows: list[dict[str, Any]], meta_: dict[str, Any],
                  gradients: list[dict[str, Any]] | None = None,
-                 speed: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+                 speed: list[dict[str, Any]] | None = None,
+                 unsupported: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"meta": meta_, "results": rows, "gradients": gradients or [], "speed": speed or []}
+    doc = {"meta": meta_, "results": rows, "gradients": gradients or [], "speed": speed or [],
+           "unsupported": unsupported or []}
     paths = {
         "json": out_dir / "report.json",
         "md": out_dir / "report.md",
@@ -437,6 +474,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             out.append(f"- {r['op']}:{r['output']} [{r['impl']}] worst at {w.get('index')}: actual "
                        f"{w.get('actual')}, expected {w.get('expected')}, ULP {w.get('ulp')} ({w.get('case', '')})")
     out += gradients_markdown(grads)
+    out += unsupported_markdown(doc.get("unsupported", []))
     out += speed_markdown(doc.get("speed", []))
     return "\n".join(out) + "\n"
 
@@ -490,4 +528,13 @@ def render_html(doc: dict[str, Any]) -> str:
         )
     parts.append("</table>")
     parts += gradients_html(doc.get("gradients", []))
+    for line in unsupported_markdown(doc.get("unsupported", [])):
+        if line.startswith("## "):
+            parts.append(f"<h2>{html.escape(line[3:])}</h2><ul>")
+        elif line.startswith("- "):
+            parts.append(f"<li>{html.escape(line[2:])}</li>")
+        elif line:
+            parts.append(f"<p>{html.escape(line)}</p>")
+    if doc.get("unsupported"):
+        parts.append("</ul>")
     return "\n".join(parts) + "\n"

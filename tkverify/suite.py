@@ -12,32 +12,42 @@ import time
 from hypothesis import given
 
 from tkverify import gradients, registry
-from tkverify.check import check_case
+from tkverify.check import UnsupportedTally, check_case
 
 
-def verify(spec: registry.OpSpec, impl: registry.Impl, *, case_dir=None, record=None) -> None:
-    """Let hypothesis hunt for a case where `impl` and the oracle disagree; raise on the shrunk one."""
+def verify(spec: registry.OpSpec, impl: registry.Impl, *, case_dir=None, record=None,
+           record_unsupported=None) -> None:
+    """Let hypothesis hunt for a case where `impl` and the oracle disagree; raise on the shrunk one.
+
+    Cases `impl` refuses with `registry.Unsupported` are counted (and passed to
+    ``record_unsupported(op, impl, reason)``), never judged; if it refuses all, the test is skipped.
+    """
+    tally = UnsupportedTally(spec.name, impl.name, record_unsupported)
 
     @given(case=spec.strategy())
     def run(case):
-        check_case(spec, impl, case, case_dir=case_dir, record=record)
+        tally.run(lambda: check_case(spec, impl, case, case_dir=case_dir, record=record))
 
     run()
+    tally.finish()
 
 
 def test_differential(tk_op_impl, tk_state):
     op, impl_name = tk_op_impl
     spec = registry.get(op)
+    collector = tk_state["collector"]
     start = time.perf_counter()
     try:
-        verify(spec, spec.impls[impl_name], case_dir=tk_state["cases"], record=tk_state["collector"].record)
+        verify(spec, spec.impls[impl_name], case_dir=tk_state["cases"], record=collector.record,
+               record_unsupported=collector.add_unsupported)
     finally:  # wall time includes drawing and shrinking, which the per-case timings do not see
-        tk_state["collector"].add_wall(op, impl_name, time.perf_counter() - start)
+        collector.add_wall(op, impl_name, time.perf_counter() - start)
 
 
 def test_gradients(tk_grad_op_impl, tk_state):
     """Ops with a backward: the float64 backward by gradcheck (impl "oracle"), and each
     implementation's backward against it and against its own forward (tkverify.gradients)."""
     op, impl_name = tk_grad_op_impl
-    gradients.verify(registry.get(op), impl_name, case_dir=tk_state["cases"],
-                     record=tk_state["collector"].add_gradient)
+    collector = tk_state["collector"]
+    gradients.verify(registry.get(op), impl_name, case_dir=tk_state["cases"], record=collector.add_gradient,
+                     record_unsupported=collector.add_unsupported)

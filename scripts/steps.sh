@@ -1,0 +1,8 @@
+# Sourced by the GPU scripts: `step NAME CMD...` runs CMD with its output in $R/NAME.log, appends
+# its exit status and duration to $R/steps.txt and shows the log's tail; `wants NAME` tests $STEPS.
+step() { local name=$1; shift; echo "=== $name: $*"; local t0=$(date +%s.%N)
+  "$@" >"$R/$name.log" 2>&1; local rc=$?
+  awk -v n="$name" -v rc="$rc" -v t0="$t0" -v t1="$(date +%s.%N)" \
+    'BEGIN { printf "=== %s: rc=%s, %.1f s\n", n, rc, t1 - t0 }' | tee -a "$R/steps.txt"
+  tail -n 25 "$R/$name.log"; }
+wants() { [[ " $STEPS " == *" $1 "* ]]; }

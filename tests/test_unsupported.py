@@ -1,0 +1,136 @@
+"""Cases an implementation cannot run (`tkverify.registry.Unsupported`): counted and reported as
+unsupported with their reasons, never judged, never saved as failing cases; a test whose every
+case is refused is skipped.  A toy implementation on the CPU stands in for a library."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from tkverify import cli, registry
+from tkverify.case import Case, save_case
+from tkverify.check import UnsupportedCasesWarning, check_case
+from tkverify.policies import bitwise
+from tkverify.registry import Impl, OpSpec, Unsupported
+from tkverify.report import Collector, merge_unsupported_shards, meta, write_report
+from tkverify.suite import verify
+
+OP = "toy.negate"
+
+
+def _oracle(x):
+    return -x.double()
+
+
+def _cases():
+    return st.integers(0, 9).map(lambda n: Case(params={}, inputs={"x": torch.arange(n, dtype=torch.float32)}))
+
+
+def _odd_refused(x):
+    if x.numel() % 2:
+        raise Unsupported("toylib 0.1 negates even lengths only")
+    return -x
+
+
+def _all_refused(x):
+    raise Unsupported("toylib 0.1 has no negate")
+
+
+@pytest.fixture
+def toy():
+    spec = registry.register(OpSpec(name=OP, oracle=lambda x: _oracle(x).float(), strategy=_cases,
+                                    outputs={"y": bitwise(torch.float32)},
+                                    impls={"picky": Impl("picky", _odd_refused, device="cpu"),
+                                           "none": Impl("none", _all_refused, device="cpu")}))
+    yield spec
+    del registry._REGISTRY[OP]
+
+
+def test_refused_cases_are_counted_not_judged(toy, tmp_path):
+    collector = Collector()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        verify(toy, toy.impls["picky"], case_dir=tmp_path, record=collector.record,
+               record_unsupported=collector.add_unsupported)
+    refused = collector.unsupported[(OP, "picky")]
+    assert list(refused) == ["toylib 0.1 negates even lengths only"] and refused["toylib 0.1 negates even lengths only"] > 0
+    # The cases that ran were judged (and passed); none of the refused ones left a case file.
+    row = collector.rows[(OP, "y", "fp32", "picky")]
+    assert row["cases"] > 0 and row["verdict"] == "pass"
+    assert not list(tmp_path.iterdir())
+    warned = [w for w in seen if issubclass(w.category, UnsupportedCasesWarning)]
+    assert len(warned) == 1 and "toy.negate[picky] unsupported:" in str(warned[0].message)
+
+
+def test_a_test_whose_every_case_is_refused_is_skipped(toy, tmp_path):
+    collector = Collector()
+    with pytest.raises(pytest.skip.Exception, match=r"toy.negate\[none\] unsupported: (\d+) of \1 cases "
+                                                   r"\(toylib 0.1 has no negate"):
+        verify(toy, toy.impls["none"], case_dir=tmp_path, record=collector.record,
+               record_unsupported=collector.add_unsupported)
+    assert not collector.rows and not list(tmp_path.iterdir())
+
+
+def test_check_case_lets_unsupported_through_without_a_case_file(toy, tmp_path):
+    case = Case(params={}, inputs={"x": torch.ones(3)})
+    with pytest.raises(Unsupported) as info:
+        check_case(toy, toy.impls["picky"], case, case_dir=tmp_path)
+    assert info.value.reason == "toylib 0.1 negates even lengths only"
+    assert not list(tmp_path.iterdir())
+    # A real failure still fails (and is saved): Unsupported does not swallow errors.
+    broken = Impl("broken", lambda x: x, device="cpu")
+    with pytest.raises(AssertionError):
+        check_case(toy, broken, Case(params={}, inputs={"x": torch.ones(2)}), case_dir=tmp_path)
+    assert list(tmp_path.glob("*.json"))
+
+
+def test_report_lists_unsupported_cases_per_op_and_impl(tmp_path):
+    shards = [Collector(), Collector()]
+    shards[0].add_unsupported(OP, "picky", "odd lengths")
+    shards[1].add_unsupported(OP, "picky", "odd lengths")
+    shards[1].add_unsupported(OP, "picky", "no fp64")
+    shards[1].add_unsupported("toy.other", "none", "no op")
+    for i, s in enumerate(shards):
+        s.write_shard(tmp_path / "shards" / f"gw{i}.json", worker=f"gw{i}", gpu=None, pid=0)
+    merged = merge_unsupported_shards((tmp_path / "shards").glob("*.json"))
+    assert merged == [
+        {"op": OP, "impl": "picky", "cases": 3, "reasons": {"odd lengths": 2, "no fp64": 1}},
+        {"op": "toy.other", "impl": "none", "cases": 1, "reasons": {"no op": 1}},
+    ]
+    paths = write_report(tmp_path / "out", [], meta("ci", "picky"), unsupported=merged)
+    md = paths["md"].read_text()
+    assert "- toy.negate [picky] unsupported: 3 cases (odd lengths (2); no fp64 (1))" in md
+    assert "toy.other [none] unsupported: 1 cases" in paths["html"].read_text()
+
+
+def test_replay_says_unsupported(toy, tmp_path, capsys):
+    path = save_case(tmp_path / "toy", Case(params={}, inputs={"x": torch.ones(5)}), op=OP, impl="picky")
+    assert cli.main(["replay", str(path)]) == cli.UNSUPPORTED_EXIT
+    assert "UNSUPPORTED: toylib 0.1 negates even lengths only" in capsys.readouterr().out
+    assert cli.main(["replay", str(path), "--impl", "none"]) == cli.UNSUPPORTED_EXIT
+
+
+def test_an_impl_supplies_its_own_availability():
+    reasons = iter(["toylib 0.1 lacks negate", None])
+    impl = Impl("toy", _odd_refused, device="cpu", available=lambda: next(reasons))
+    assert impl.unavailable_reason() == "toylib 0.1 lacks negate"
+    assert impl.unavailable_reason() is None
+    # A missing module is reported before the implementation's own check runs.
+    missing = Impl("toy", _odd_refused, device="cpu", requires=("no_such_module_xyz",),
+                   available=lambda: pytest.fail("must not be asked"))
+    assert "no_such_module_xyz" in missing.unavailable_reason()
+
+
+def test_unsupported_is_not_an_exception_an_implementation_error_handler_catches():
+    try:
+        try:
+            raise Unsupported("why")
+        except Exception:  # what check_case and the gradient checks catch
+            pytest.fail("Unsupported was caught as an implementation error")
+    except Unsupported as e:
+        assert str(e) == "why"
+    assert np.isfinite(1.0)
