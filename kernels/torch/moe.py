@@ -275,11 +275,19 @@ def is_tma_column_major(sf: torch.Tensor) -> bool:
     """Whether a (rows, cols) sf is stored TMA-aligned column-major: stride(0) == 1, stride(1) == padded rows.
 
     Never true of a row-major contiguous tensor with rows >= 1 (its stride(1)
-    is 1, a padded row count is a multiple of at least 4); a tensor without
-    rows counts as row-major.
+    is 1, a padded row count is a multiple of at least 4).  A tensor without
+    rows has no padded column to measure, yet its layout still decides the
+    layout of an output with N > 0 rows (expand_to_fused with T = 0): it is
+    column-major when stride(0) == 1 and cols >= 2.  That is what every
+    column-major producer gives ((cols, 0) storage transposed: strides (1, 1);
+    empty_strided: (1, 0)), and a row-major (0, cols) tensor has stride(0) ==
+    cols.  With one column the two layouts cannot be told apart, and need not
+    be: they put every element at the same offset.
     """
-    rows = sf.shape[0]
-    return rows > 0 and sf.stride(0) == 1 and sf.stride(1) == tma_padded_rows(rows, sf.dtype)
+    rows, cols = sf.shape
+    if rows == 0:
+        return cols >= 2 and sf.stride(0) == 1
+    return sf.stride(0) == 1 and sf.stride(1) == tma_padded_rows(rows, sf.dtype)
 
 
 def column_major_zeros(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
