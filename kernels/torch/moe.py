@@ -18,7 +18,7 @@ Signatures
 
 Tensors (T tokens, K slots, E experts, N rows of the fused layout, H hidden)
 -------------------------------------------------------------------------
-scores             float32 (T, E), 1 <= E <= 1024; k in [1, min(32, E)].
+scores             float32 (T, E), contiguous, 1 <= E <= 1024; k in [1, min(32, E)].
 topk_idx           int64 (T, K), 1 <= K <= 32; entries in [0, E) pick an
                    expert, negative entries are masked slots (expert
                    parallelism) and take no row.  A row may name an expert
@@ -102,6 +102,7 @@ def _check_topk_gate_args(scores: object, k: object) -> None:
         raise TypeError(f"scores must have dtype torch.float32, got {scores.dtype}")
     if scores.dim() != 2:
         raise ValueError(f"scores must be 2-D (T, E), got shape {tuple(scores.shape)}")
+    _check_contiguous("scores", scores)
     num_experts = scores.shape[1]
     if not 1 <= num_experts <= MAX_EXPERTS:
         raise ValueError(f"scores must have 1 <= E <= {MAX_EXPERTS} columns (experts), got E={num_experts}")
@@ -186,15 +187,19 @@ def _align_up(n: torch.Tensor | int, alignment: int) -> torch.Tensor | int:
     return (n + alignment - 1) // alignment * alignment
 
 
+def _check_group_count_args(idx: object, num_groups: object) -> int:
+    _check_tensor("idx", idx, (torch.int32, torch.int64), 2, "(T, K)")
+    _check_contiguous("idx", idx)
+    _check_slots("idx", idx)
+    return _check_int("num_groups", num_groups, 1, MAX_EXPERTS)
+
+
 def group_count(idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     """int32 (num_groups,): how many entries of idx equal each g in [0, num_groups).
 
     Negative entries (masked slots) and entries >= num_groups count nowhere.
     """
-    _check_tensor("idx", idx, (torch.int32, torch.int64), 2, "(T, K)")
-    _check_contiguous("idx", idx)
-    _check_slots("idx", idx)
-    num_groups = _check_int("num_groups", num_groups, 1, MAX_EXPERTS)
+    num_groups = _check_group_count_args(idx, num_groups)
     flat = idx.reshape(-1).to(torch.int64)
     # Entries outside the groups land in one extra bin, dropped at the end: no
     # boolean indexing, hence no device-to-host sync.
@@ -413,11 +418,15 @@ def reduce_fused(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos:
     return acc.to(out_dtype)
 
 
-def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(denom, topk_weights / denom): denom = sum_k w[t, k] in fp32 slot order, plus 1e-20 as fp32."""
+def _check_normalize_args(topk_weights: object) -> None:
     _check_tensor("topk_weights", topk_weights, (torch.float32,), 2, "(T, K)")
     _check_contiguous("topk_weights", topk_weights)
     _check_slots("topk_weights", topk_weights)
+
+
+def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(denom, topk_weights / denom): denom = sum_k w[t, k] in fp32 slot order, plus 1e-20 as fp32."""
+    _check_normalize_args(topk_weights)
     denom = torch.zeros(topk_weights.shape[0], dtype=torch.float32, device=topk_weights.device)
     for slot in range(topk_weights.shape[1]):
         denom = denom + topk_weights[:, slot]
