@@ -133,7 +133,6 @@ per-lane checks that block vectorization).
 # No `from __future__ import annotations` here: tilelang evaluates the
 # prim_func parameter annotations, which name the builders' local symbolic sizes.
 import math
-import numbers
 import struct
 from typing import NamedTuple
 
@@ -251,11 +250,10 @@ def topk_gate(scores: torch.Tensor, k: int) -> torch.Tensor:
     ``torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]``
     (NaN first, then +inf, ..., -inf; -0.0 == +0.0; ties to the lower index).
     """
-    _tilelang.check_tensor("scores", scores, dtypes=(torch.float32,), ndim=2)
+    eager._check_topk_gate_args(scores, k)
+    _check_cuda("scores", scores)
     num_tokens, num_experts = scores.shape
-    if not 1 <= num_experts <= MAX_EXPERTS:
-        raise ValueError(f"scores must have 1 to {MAX_EXPERTS} columns (experts), got shape {tuple(scores.shape)}")
-    k = _tilelang.check_int("k", k, 1, min(MAX_K, num_experts))
+    k = int(k)
     out = torch.empty((num_tokens, k), dtype=torch.int64, device=scores.device)
     if num_tokens == 0:
         return out
@@ -272,20 +270,15 @@ def topk_gate(scores: torch.Tensor, k: int) -> torch.Tensor:
 # normalize_weight.  Designs in the module docstring.
 # =============================================================================
 
+from kernels.torch import moe as eager  # noqa: E402  (the argument checks are the eager module's)
 from kernels.torch.moe import is_tma_column_major, tma_padded_rows  # noqa: E402  (the sf layout contract)
 
-MAX_ALIGNMENT = 1024
-INT32_MAX = 2**31 - 1
 NORMALIZE_EPS = 1e-20
 # Every access is guarded by hand (see the module docstring).
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 # Grids are 1-D; larger launches are cut into pieces of at most this many blocks.
 MAX_BLOCKS_PER_LAUNCH = 2**31 - 1
 
-MOVABLE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2,
-                  torch.int8, torch.uint8)
-SF_DTYPES = (torch.float32, torch.uint8, torch.int32)
-REDUCE_DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 RAW_DTYPES = {1: "uint8", 2: "int16", 4: "int32"}
 RAW_TORCH_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
@@ -356,46 +349,15 @@ GROUP_COUNT = KernelDef("moe.group_count", build_group_count, GROUP_COUNT_CONFIG
 
 
 # -------------------------------------------------------------- argument checks
-# The same checks, in the same order and with the same messages, as
-# kernels/torch/moe.py, plus: every tensor on one CUDA device.
+# kernels/torch/moe.py's own check functions (same errors for the same bad
+# arguments), then what only the kernels need: a CUDA device (the eager checks
+# already put every tensor on the reference tensor's device), dimensions that
+# fit an int32.
 
 
-def _check_tensor(name: str, t, dtypes, ndim: int, layout: str, *, contiguous: bool = True) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
-    if contiguous and not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
-    return t
-
-
-def _check_slots(name: str, t: torch.Tensor) -> int:
-    num_tokens, k = t.shape
-    if not 1 <= k <= MAX_K:
-        raise ValueError(f"{name} must have 1 <= K <= {MAX_K} columns (slots), got K={k}")
-    if num_tokens * k > INT32_MAX:
-        raise ValueError(f"{name} has T*K = {num_tokens * k} pairs, more than int32 positions can address")
-    return k
-
-
-def _check_int(name: str, value, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-    return int(value)
-
-
-def _check_devices(reference: str, t: torch.Tensor, **others) -> None:
-    """`t` on a CUDA device, and every other tensor (None skipped) on the same one."""
+def _check_cuda(name: str, t: torch.Tensor) -> None:
     if t.device.type != "cuda":
-        raise ValueError(f"{reference} must be on a CUDA device, got {t.device}")
-    for name, other in others.items():
-        if other is not None and other.device != t.device:
-            raise ValueError(f"{name} is on {other.device}, but {reference} is on {t.device}")
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
 
 
 def _check_fits(name: str, t: torch.Tensor) -> None:
@@ -409,10 +371,8 @@ def group_count(idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     idx: int32 or int64 (T, K), contiguous, on a CUDA device.  Negative entries
     and entries >= num_groups count nowhere.  No host synchronisation.
     """
-    _check_tensor("idx", idx, (torch.int32, torch.int64), 2, "(T, K)")
-    _check_slots("idx", idx)
-    num_groups = _check_int("num_groups", num_groups, 1, MAX_EXPERTS)
-    _check_devices("idx", idx)
+    num_groups = eager._check_group_count_args(idx, num_groups)
+    _check_cuda("idx", idx)
     counts = torch.zeros(num_groups, dtype=torch.int32, device=idx.device)
     if idx.numel() == 0:
         return counts
@@ -631,16 +591,8 @@ FUSED_MAPPING = KernelDef("moe.fused_mapping", build_mapping, MAPPING_CONFIGS)
 
 
 def _check_fused_mapping_args(topk_idx, num_experts, alignment) -> tuple[int, int]:
-    _check_tensor("topk_idx", topk_idx, (torch.int64,), 2, "(T, K)")
-    _check_slots("topk_idx", topk_idx)
-    num_experts = _check_int("num_experts", num_experts, 1, MAX_EXPERTS)
-    alignment = _check_int("alignment", alignment, 1, MAX_ALIGNMENT)
-    pairs = topk_idx.numel()
-    most_rows = pairs + min(pairs, num_experts) * (alignment - 1)
-    if most_rows > INT32_MAX:
-        raise ValueError(f"topk_idx: T*K = {pairs} pairs with alignment={alignment} may need {most_rows} rows, "
-                         f"more than int32 positions can address")
-    _check_devices("topk_idx", topk_idx)
+    num_experts, alignment = eager._check_fused_mapping_args(topk_idx, num_experts, alignment)
+    _check_cuda("topk_idx", topk_idx)
     return num_experts, alignment
 
 
@@ -655,7 +607,7 @@ def default_chunk_batches(num_pairs: int) -> int:
 def _fused_mapping(topk_idx: torch.Tensor, num_experts: int, alignment: int, chunk_batches: int):
     """fused_mapping with an explicit chunk size (chunk_batches * 256 pairs); the result never depends on it."""
     num_experts, alignment = _check_fused_mapping_args(topk_idx, num_experts, alignment)
-    chunk_batches = _check_int("chunk_batches", chunk_batches, 1, 2**20)
+    chunk_batches = eager._check_int("chunk_batches", chunk_batches, 1, 2**20)
     device = topk_idx.device
     num_tokens, k = topk_idx.shape
     num_pairs = num_tokens * k
@@ -844,25 +796,8 @@ EXPAND_TO_FUSED = KernelDef("moe.expand_to_fused", build_expand, EXPAND_CONFIGS)
 
 
 def _check_expand_args(x, token_topk_to_pos, num_expanded_rows, x_sf) -> int:
-    _check_tensor("x", x, MOVABLE_DTYPES, 2, "(T, H)")
-    if x.shape[1] == 0:
-        raise ValueError(f"x must have at least one column, got shape {tuple(x.shape)}")
-    _check_tensor("token_topk_to_pos", token_topk_to_pos, (torch.int32,), 2, "(T, K)")
-    _check_slots("token_topk_to_pos", token_topk_to_pos)
-    if token_topk_to_pos.shape[0] != x.shape[0]:
-        raise ValueError(f"token_topk_to_pos has {token_topk_to_pos.shape[0]} rows (tokens), x has {x.shape[0]}")
-    num_rows = _check_int("num_expanded_rows", num_expanded_rows, 0, INT32_MAX)
-    if x_sf is not None:
-        _check_tensor("x_sf", x_sf, SF_DTYPES, 2, "(T, G)", contiguous=False)
-        if x_sf.shape[0] != x.shape[0]:
-            raise ValueError(f"x_sf has {x_sf.shape[0]} rows, x has {x.shape[0]} (one sf row per token)")
-        if x_sf.shape[1] == 0:
-            raise ValueError(f"x_sf must have at least one column, got shape {tuple(x_sf.shape)}")
-        if not (x_sf.is_contiguous() or is_tma_column_major(x_sf)):
-            raise ValueError(f"x_sf must be row-major contiguous or TMA-aligned column-major (stride(0) == 1, "
-                             f"stride(1) == {tma_padded_rows(x_sf.shape[0], x_sf.dtype)}), got strides "
-                             f"{x_sf.stride()} for shape {tuple(x_sf.shape)}")
-    _check_devices("x", x, token_topk_to_pos=token_topk_to_pos, x_sf=x_sf)
+    num_rows = eager._check_expand_args(x, token_topk_to_pos, num_expanded_rows, x_sf)
+    _check_cuda("x", x)
     _check_fits("x", x)
     if x_sf is not None:
         _check_fits("x_sf", x_sf)
@@ -1061,27 +996,8 @@ REDUCE_FUSED = KernelDef("moe.reduce_fused", build_reduce, REDUCE_CONFIGS)
 
 
 def _check_reduce_args(x, topk_weights, token_topk_to_pos, x_sf) -> None:
-    _check_tensor("x", x, REDUCE_DTYPES, 2, "(N, H)")
-    if x.shape[1] == 0:
-        raise ValueError(f"x must have at least one column, got shape {tuple(x.shape)}")
-    _check_tensor("topk_weights", topk_weights, (torch.float32,), 2, "(T, K)")
-    _check_slots("topk_weights", topk_weights)
-    _check_tensor("token_topk_to_pos", token_topk_to_pos, (torch.int32,), 2, "(T, K)")
-    if token_topk_to_pos.shape != topk_weights.shape:
-        raise ValueError(f"token_topk_to_pos has shape {tuple(token_topk_to_pos.shape)}, topk_weights "
-                         f"{tuple(topk_weights.shape)}: they must match (T, K)")
-    if x.dtype == torch.float8_e4m3fn:
-        if x_sf is None:
-            raise ValueError("x_sf is required with a float8_e4m3fn x (its per-row dequant scale)")
-        _check_tensor("x_sf", x_sf, (torch.float32,), 2, "(N, 1)", contiguous=False)
-        if tuple(x_sf.shape) != (x.shape[0], 1):
-            raise ValueError(f"x_sf must have shape (N, 1) = {(x.shape[0], 1)} (one sf per row of x), "
-                             f"got {tuple(x_sf.shape)}")
-        if x.shape[0] > 1 and x_sf.stride(0) != 1:
-            raise ValueError(f"x_sf must have stride(0) == 1, got strides {x_sf.stride()}")
-    elif x_sf is not None:
-        raise ValueError(f"x_sf is only for a float8_e4m3fn x; x has dtype {x.dtype}")
-    _check_devices("x", x, topk_weights=topk_weights, token_topk_to_pos=token_topk_to_pos, x_sf=x_sf)
+    eager._check_reduce_args(x, topk_weights, token_topk_to_pos, x_sf)
+    _check_cuda("x", x)
     _check_fits("x", x)
 
 
@@ -1167,9 +1083,8 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     IEEE sums and division (__fadd_rn, __fdiv_rn): bitwise equal to the eager
     PyTorch implementation.  No host sync.
     """
-    _check_tensor("topk_weights", topk_weights, (torch.float32,), 2, "(T, K)")
-    _check_slots("topk_weights", topk_weights)
-    _check_devices("topk_weights", topk_weights)
+    eager._check_normalize_args(topk_weights)
+    _check_cuda("topk_weights", topk_weights)
     num_tokens, k = topk_weights.shape
     denom = torch.empty(num_tokens, dtype=torch.float32, device=topk_weights.device)
     weights = torch.empty_like(topk_weights)

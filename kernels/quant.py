@@ -1094,7 +1094,6 @@ CAST_BACK = KernelDef("quant.cast_back", build_cast_back, CAST_BACK_CONFIGS)
 # =============================================================================
 
 _DATA_DTYPES = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8, "e5m6": torch.uint8}
-_SF_DTYPES = (torch.float32, torch.uint8, torch.int32)
 
 
 def _require_cuda(name: str, t: torch.Tensor) -> None:
@@ -1185,16 +1184,6 @@ def _new_sf(rows: int, cols: int, use_ue8m0: bool, use_packed_ue8m0: bool, col_m
         padded_rows = -(-rows // per_16_bytes) * per_16_bytes
         return alloc((stored_cols, padded_rows), dtype=dtype, device=device).T[:rows]
     return alloc((rows, stored_cols), dtype=dtype, device=device)
-
-
-def _check_sf_input(sf: Any, rows: int, cols: int) -> torch.Tensor:
-    """The checks of the eager `_sf_values` (dtype, rank, shape), without decoding."""
-    eager._check_tensor("sf", sf, _SF_DTYPES, 2, "(rows, cols)")
-    stored_cols = -(-cols // 4) if sf.dtype == torch.int32 else cols
-    if tuple(sf.shape) != (rows, stored_cols):
-        raise ValueError(f"sf must have shape {(rows, stored_cols)} for this x and block "
-                         f"({'packed ue8m0, ' if sf.dtype == torch.int32 else ''}{sf.dtype}), got {tuple(sf.shape)}")
-    return sf
 
 
 def _new_data(rows: int, hidden: int, fmt: str, device: torch.device) -> torch.Tensor:
@@ -1297,14 +1286,8 @@ def per_token_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", num_per_chan
 def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3",
                                        num_per_channels: int = 128) -> torch.Tensor:
     """The data of x (T, H) quantised with a given sf (T, H / num_per_channels) of any storage and strides."""
-    x = eager._check_x(x)
-    fmt = eager._check_fmt(fmt)
-    eager._check_row_format(fmt, x.shape[1])
-    n = eager._check_num_per_channels(fmt, num_per_channels, x.shape[1])
-    if isinstance(sf, torch.Tensor):
-        eager._check_same_device(x, sf=sf)
+    fmt, n = eager._check_precomputed_args(x, sf, fmt, num_per_channels)
     num_rows, hidden = x.shape
-    _check_sf_input(sf, num_rows, hidden // n)
     _require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     device = x.device
@@ -1336,16 +1319,9 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
     sf of a zero block), their x is not read and they are not counted.
     clamped_count is updated in place (int64 atomics).
     """
-    x = eager._check_x(x, "(N, 2H)")
-    if x.shape[1] % 2:
-        raise ValueError(f"x must have an even number of columns (l and r halves), got {x.shape[1]}")
-    hidden = x.shape[1] // 2
-    fmt = eager._check_fmt(fmt)
-    eager._check_row_format(fmt, hidden)
-    n = eager._check_num_per_channels(fmt, num_per_channels, hidden)
-    cm = eager._check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
-                                 clamp_min)
-    c = eager._check_swiglu_extras(x, topk_weights, pos_to_token_topk, clamp, clamped_count)
+    hidden, fmt, n, cm, c = eager._check_swiglu_args(x, fmt, num_per_channels, topk_weights, pos_to_token_topk,
+                                                     clamp, clamped_count, round_sf, use_ue8m0, use_packed_ue8m0,
+                                                     use_tma_aligned_col_major_sf, clamp_min)
     _require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     device = x.device
@@ -1403,13 +1379,8 @@ def per_block_cast(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | 
                    use_tma_aligned_col_major_sf: bool = False,
                    clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(data, sf) of x (T, H) quantised in 2-D blocks of bm x bk (sf (ceil(T/bm), H/bk))."""
-    x = eager._check_x(x)
-    fmt = eager._check_fmt(fmt, ("e4m3", "e2m1"), " (e5m6 is per-token only)")
-    bm, bk = eager._check_block(block, eager.PER_BLOCK_SIZES)
-    if x.shape[1] % bk:
-        raise ValueError(f"block: bk={bk} must divide H={x.shape[1]}")
-    cm = eager._check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
-                                 clamp_min)
+    fmt, (bm, bk), cm = eager._check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0,
+                                                    use_tma_aligned_col_major_sf, clamp_min)
     _require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     num_rows, hidden = x.shape
@@ -1426,14 +1397,8 @@ def per_channel_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_tokens: int = 1
                      use_tma_aligned_col_major_sf: bool = False,
                      clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(data, sf) of x (T, H) quantised in blocks of num_per_tokens x 1 (sf (ceil(T/npt), H))."""
-    x = eager._check_x(x)
-    fmt = eager._check_fmt(fmt, ("e4m3", "e2m1"), " (e5m6 is per-token only)")
-    eager._check_row_format(fmt, x.shape[1])
-    n = eager._check_int("num_per_tokens", num_per_tokens)
-    if n not in eager.CHANNEL_BLOCKS:
-        raise ValueError(f"num_per_tokens must be one of {eager.CHANNEL_BLOCKS}, got {n}")
-    cm = eager._check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
-                                 clamp_min)
+    fmt, n, cm = eager._check_per_channel_args(x, fmt, num_per_tokens, round_sf, use_ue8m0, use_packed_ue8m0,
+                                               use_tma_aligned_col_major_sf, clamp_min)
     _require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     num_rows, hidden = x.shape
@@ -1447,24 +1412,8 @@ def per_channel_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_tokens: int = 1
 def cast_back(data: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | list[int] = (1, 128),
               out_dtype: Any = torch.bfloat16) -> torch.Tensor:
     """q * sf per element, correctly rounded to out_dtype (bf16 or fp32), shape (T, H)."""
-    fmt = eager._check_fmt(fmt)
-    eager._check_tensor("data", data, (_DATA_DTYPES[fmt],), 2, "(T, H) in the format's storage")
-    eager._check_contiguous("data", data)
-    if isinstance(out_dtype, str):
-        if out_dtype not in eager.OUT_DTYPES:
-            raise ValueError(f"out_dtype must be one of {', '.join(eager.OUT_DTYPES)}, got {out_dtype!r}")
-        out_dtype = eager.OUT_DTYPES[out_dtype]
-    if out_dtype not in (torch.bfloat16, torch.float32):
-        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype!r}")
-    hidden = eager._hidden_of(data, fmt)
-    if hidden == 0:
-        raise ValueError(f"data must have at least one column, got shape {tuple(data.shape)}")
-    eager._check_row_format(fmt, hidden, "data")
-    bm, bk = eager._check_cast_back_block(block, fmt, hidden)
-    if isinstance(sf, torch.Tensor):
-        eager._check_same_device(data, sf=sf)
+    fmt, out_dtype, hidden, (bm, bk) = eager._check_cast_back_args(data, sf, fmt, block, out_dtype)
     num_rows = data.shape[0]
-    _check_sf_input(sf, -(-num_rows // bm), hidden // bk)
     _require_cuda("data", data)
     _tilelang.check_dims_fit_int32("data", data)
     device = data.device

@@ -32,6 +32,7 @@ from typing import NamedTuple
 import torch
 
 from . import _tilelang
+from .torch import transpose as eager
 from ._tilelang import KernelDef
 
 THREADS = 256
@@ -184,11 +185,11 @@ def build_batched_transpose(config: TransposeConfig):
 BATCHED_TRANSPOSE = KernelDef("transpose.batched_transpose", build_batched_transpose, STATIC_CONFIGS)
 
 
-def _raw_width(x: torch.Tensor) -> int:
-    width = x.element_size()
-    if width not in RAW_DTYPES:
-        raise TypeError(f"x must have a 1-, 2- or 4-byte dtype (e.g. float8_e4m3fn, bfloat16, float32), got {x.dtype}")
-    return width
+def _check_x(x, ndim: int, layout: str) -> None:
+    """kernels/torch/transpose.py's checks (same errors for the same bad arguments), then a CUDA device."""
+    eager._check_transpose_arg(x, ndim, layout)
+    if x.device.type != "cuda":
+        raise ValueError(f"x must be on a CUDA device, got {x.device}")
 
 
 def _is_aligned(tensor: torch.Tensor) -> bool:
@@ -213,8 +214,8 @@ def batched_transpose(x: torch.Tensor) -> torch.Tensor:
 
     x: contiguous CUDA tensor of a 1-, 2- or 4-byte dtype, each dim <= 2**31 - 1024.
     """
-    _tilelang.check_tensor("x", x, ndim=3)
-    width = _raw_width(x)
+    _check_x(x, 3, "(B, M, N)")
+    width = x.element_size()
     _tilelang.check_dims_fit_int32("x", x)
     batch, rows, cols = x.shape
     out = torch.empty((batch, cols, rows), dtype=x.dtype, device=x.device)
@@ -234,5 +235,5 @@ def batched_transpose(x: torch.Tensor) -> torch.Tensor:
 
 def transpose(x: torch.Tensor) -> torch.Tensor:
     """(M, N) -> (N, M), out[j, i] = x[i, j], bit for bit (see batched_transpose)."""
-    _tilelang.check_tensor("x", x, ndim=2)
+    _check_x(x, 2, "(M, N)")
     return batched_transpose(x.unsqueeze(0)).squeeze(0)

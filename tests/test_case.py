@@ -1,6 +1,9 @@
 """Case files: round trips of every dtype, and clear errors on damaged files."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,24 +33,88 @@ def _saved(tmp_path):
     return save_case(tmp_path / "c", Case({"k": 1}, {"scores": torch.ones(2, 4)}), op="moe.topk_gate", impl="torch")
 
 
-@pytest.mark.parametrize("damage", ["truncate_npz", "garbage_json", "not_ours", "missing_npz", "wrong_size"])
+def _edit_json(path, edit):
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+
+
+def _set_tensor(field, value):
+    return lambda meta: meta["tensors"]["scores"].update({field: value})
+
+
+# Each damage turns a good case file of moe.topk_gate into a bad one; every one must be refused
+# with exit status 2 and a one-line reason, never reach the implementation (that would be rc 1,
+# a "FAIL" blamed on the kernel), never end in a traceback.
+DAMAGES = {
+    "truncate_npz": lambda js, npz: npz.write_bytes(npz.read_bytes()[:40]),
+    "empty_npz": lambda js, npz: npz.write_bytes(b""),
+    "garbage_json": lambda js, npz: js.write_text("{not json"),
+    "binary_json": lambda js, npz: js.write_bytes(bytes(range(256))),
+    "truncate_json": lambda js, npz: js.write_text(js.read_text()[: len(js.read_text()) // 2]),
+    "not_ours": lambda js, npz: js.write_text(json.dumps({"hello": 1})),
+    "json_list": lambda js, npz: js.write_text("[1, 2]"),
+    "missing_npz": lambda js, npz: npz.unlink(),
+    "missing_json": lambda js, npz: js.unlink(),
+    "wrong_size": lambda js, npz: _edit_json(js, _set_tensor("shape", [3, 4])),
+    "dtype_of_another_width": lambda js, npz: _edit_json(js, _set_tensor("dtype", "bfloat16")),
+    "unknown_dtype": lambda js, npz: _edit_json(js, _set_tensor("dtype", "Tensor")),
+    "tensor_without_dtype": lambda js, npz: _edit_json(js, lambda m: m["tensors"]["scores"].pop("dtype")),
+    "negative_shape": lambda js, npz: _edit_json(js, _set_tensor("shape", [-2, -4])),
+    "shape_not_a_list": lambda js, npz: _edit_json(js, _set_tensor("shape", "2x4")),
+    "no_op": lambda js, npz: _edit_json(js, lambda m: m.pop("op")),
+    "no_tensors": lambda js, npz: _edit_json(js, lambda m: m.pop("tensors")),
+    "no_params": lambda js, npz: _edit_json(js, lambda m: m.pop("params")),
+    "op_not_a_string": lambda js, npz: _edit_json(js, lambda m: m.update(op=["moe.topk_gate"])),
+    "tensors_not_an_object": lambda js, npz: _edit_json(js, lambda m: m.update(tensors=[1, 2])),
+    "params_not_an_object": lambda js, npz: _edit_json(js, lambda m: m.update(params=[1])),
+    "unknown_op": lambda js, npz: _edit_json(js, lambda m: m.update(op="moe.no_such_op")),
+    "tensor_missing_from_npz": lambda js, npz: _edit_json(
+        js, lambda m: m["tensors"].update(extra={"dtype": "float32", "shape": [1]})),
+    "missing_parameter": lambda js, npz: _edit_json(js, lambda m: m.update(params={})),
+    "foreign_parameter": lambda js, npz: _edit_json(js, lambda m: m["params"].update(alignment=4)),
+    "tensor_also_a_parameter": lambda js, npz: _edit_json(js, lambda m: m["params"].update(scores=1)),
+    "case_of_another_op": lambda js, npz: _edit_json(js, lambda m: m.update(op="transpose.transpose")),
+    "bad_gradient_header": lambda js, npz: _edit_json(js, lambda m: m.update(gradient={"precision": "auto"})),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
 def test_damaged_case_files_give_clear_errors(tmp_path, damage, capsys):
     path = _saved(tmp_path)
-    npz = path.with_suffix(".npz")
-    if damage == "truncate_npz":
-        npz.write_bytes(npz.read_bytes()[:40])
-    elif damage == "garbage_json":
-        path.write_text("{not json")
-    elif damage == "not_ours":
-        path.write_text(json.dumps({"hello": 1}))
-    elif damage == "missing_npz":
-        npz.unlink()
-    elif damage == "wrong_size":
-        meta = json.loads(path.read_text())
-        meta["tensors"]["scores"]["shape"] = [3, 4]
-        path.write_text(json.dumps(meta))
+    DAMAGES[damage](path, path.with_suffix(".npz"))
+    assert cli.main(["replay", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("tkverify replay: ") and str(tmp_path) in captured.err
+    assert captured.err.count("\n") == 1, captured.err
+
+
+@pytest.mark.parametrize("damage", [d for d in DAMAGES if d not in ("unknown_op", "missing_parameter",
+                                                                    "foreign_parameter", "case_of_another_op",
+                                                                    "tensor_also_a_parameter")])
+def test_damaged_case_files_raise_case_file_error(tmp_path, damage):
+    """What load_case itself must catch (the rest needs the registry: the CLI checks it)."""
+    path = _saved(tmp_path)
+    DAMAGES[damage](path, path.with_suffix(".npz"))
     with pytest.raises(CaseFileError):
         load_case(path)
-    assert cli.main(["replay", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("tkverify replay: ") and str(tmp_path) in err
+
+
+def test_a_file_that_is_not_a_case_is_named_as_such(tmp_path, capsys):
+    other = tmp_path / "notes.txt"
+    other.write_text("not a case\n")
+    assert cli.main(["replay", str(other)]) == 2
+    assert capsys.readouterr().err == f"tkverify replay: {other} is not a case file: a case is NAME.json beside NAME.npz\n"
+
+
+@pytest.mark.parametrize("damage", ["truncate_npz", "unknown_op", "case_of_another_op"])
+def test_replay_command_refuses_a_damaged_case_without_a_traceback(tmp_path, damage):
+    """The command as a user types it: one line on stderr, exit 2."""
+    path = _saved(tmp_path)
+    DAMAGES[damage](path, path.with_suffix(".npz"))
+    done = subprocess.run([sys.executable, "-m", "tkverify.cli", "replay", str(path)], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == "" and "Traceback" not in done.stderr
+    assert done.stderr.startswith("tkverify replay: ") and done.stderr.count("\n") == 1, done.stderr

@@ -181,3 +181,22 @@ def test_chain_bound_is_tight_enough_to_catch_a_lost_expert():
         assert summation().compare("out", got["out"], chain_oracle(inputs, k, (0, 64), transform)).passed
         verdict = summation().compare("out", got["out"], chain_oracle(inputs, k, (0, 63), transform))
         assert not verdict.passed and "fail" in verdict.message
+
+
+@pytest.mark.parametrize("sf_options", [{}, {"round_sf": True, "use_ue8m0": True},
+                                        {"round_sf": True, "use_ue8m0": True, "use_packed_ue8m0": True}],
+                         ids=["fp32", "ue8m0", "packed"])
+def test_an_empty_column_major_sf_keeps_its_layout_through_expand(sf_options):
+    """A rank with no tokens but N > 0 rows: per_token_cast's column-major sf of T = 0 must give a
+    column-major out_sf (a grouped GEMM reads it by TMA), not a row-major one."""
+    from kernels.torch import moe as eager_moe
+    from kernels.torch import quant as eager_quant
+
+    x = torch.zeros((0, 512), dtype=torch.bfloat16)
+    data, sf = eager_quant.per_token_cast(x, "e4m3", 32, use_tma_aligned_col_major_sf=True, **sf_options)
+    assert sf.shape[1] >= 2, "one sf column would make the two layouts the same bytes"
+    pos = torch.zeros((0, 2), dtype=torch.int32)
+    out, out_sf = eager_moe.expand_to_fused(data, pos, 3, x_sf=sf)
+    assert out.shape == (3, 512) and not out.view(torch.uint8).any()
+    assert out_sf.stride() == (1, eager_moe.tma_padded_rows(3, sf.dtype))
+    assert not out_sf.any()

@@ -296,7 +296,7 @@ def per_token_cast_by_reciprocal(x, fmt="e4m3", num_per_channels=128, **options)
     """A legitimate fp32 kernel: q = x * fl(1 / sf), then RNE of that fp32 product."""
     data, sf = kq.per_token_cast(x, fmt, num_per_channels, **options)
     values = kq._sf_values(sf.contiguous() if not options.get("use_tma_aligned_col_major_sf") else sf,
-                           x.shape[0], x.shape[1] // num_per_channels)
+                           x.shape[1] // num_per_channels)
     reciprocal = 1.0 / kq._to_elements(values, x.shape, (1, num_per_channels))
     q = (x.float() * reciprocal).double().numpy()
     return ref.pack_data(ref.encode_elements(q, fmt), fmt), sf

@@ -75,11 +75,17 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _dtype_from_name(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
+def _tensor_header(json_path: Path, name: str, info: Any) -> tuple[torch.dtype, tuple[int, ...]]:
+    """A tensor's dtype and shape from its JSON entry, or the reason it is not one."""
+    if not isinstance(info, dict) or not isinstance(info.get("dtype"), str) or "shape" not in info:
+        raise CaseFileError(f"{json_path}: tensor {name!r} needs a dtype name and a shape, got {info!r}")
+    shape = info["shape"]
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise CaseFileError(f"{json_path}: tensor {name!r} has the shape {shape!r}, not a list of sizes >= 0")
+    dtype = getattr(torch, info["dtype"], None)
     if not isinstance(dtype, torch.dtype):
-        raise CaseFileError(f"unknown tensor dtype {name!r} in case file")
-    return dtype
+        raise CaseFileError(f"{json_path}: tensor {name!r} has the unknown dtype {info['dtype']!r}")
+    return dtype, tuple(shape)
 
 
 def _base(path: str | Path) -> Path:
@@ -114,20 +120,32 @@ def save_case(path: str | Path, case: Case, *, op: str, impl: str, extra: dict |
 
 def load_case(path: str | Path) -> tuple[Case, dict[str, Any]]:
     """Read a case written by `save_case`; raises `CaseFileError` with the reason."""
+    given = Path(path)
+    if given.is_file() and given.suffix not in (".json", ".npz"):
+        raise CaseFileError(f"{given} is not a case file: a case is NAME.json beside NAME.npz")
     base = _base(path)
     json_path, npz_path = base.parent / (base.name + ".json"), base.parent / (base.name + ".npz")
     for p in (json_path, npz_path):
-        if not p.is_file():
+        if not p.exists():
             raise CaseFileError(f"case file {p} does not exist")
+        if not p.is_file():
+            raise CaseFileError(f"case file {p} is not a file")
     try:
         meta = json.loads(json_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CaseFileError(f"{json_path} is not valid JSON: {e}") from None
     if not isinstance(meta, dict) or meta.get("tkverify_case") != FORMAT_VERSION:
         raise CaseFileError(f"{json_path} is not a tkverify case file (format {FORMAT_VERSION})")
-    for key in ("op", "impl", "params", "tensors"):
+    for key, kind in (("op", str), ("impl", str), ("params", dict), ("tensors", dict)):
         if key not in meta:
             raise CaseFileError(f"{json_path} lacks the field {key!r}")
+        if not isinstance(meta[key], kind):
+            raise CaseFileError(f"{json_path}: the field {key!r} must be a JSON "
+                                f"{'object' if kind is dict else 'string'}, got {type(meta[key]).__name__}")
+    gradient = meta.get("gradient")
+    if gradient is not None and not (isinstance(gradient, dict) and type(gradient.get("seed")) is int):
+        raise CaseFileError(f"{json_path}: the field 'gradient' must be an object with an integer 'seed', "
+                            f"got {gradient!r}")
     try:
         with np.load(npz_path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
@@ -137,8 +155,7 @@ def load_case(path: str | Path) -> tuple[Case, dict[str, Any]]:
     for name, info in meta["tensors"].items():
         if name not in arrays:
             raise CaseFileError(f"{npz_path} lacks the tensor {name!r}")
-        dtype = _dtype_from_name(info["dtype"])
-        shape = tuple(info["shape"])
+        dtype, shape = _tensor_header(json_path, name, info)
         raw = torch.from_numpy(np.ascontiguousarray(arrays[name]))
         n = int(np.prod(shape)) if shape else 1
         if n == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         spec = registry.get(meta["op"])
     except KeyError as e:
-        print(f"tkverify replay: {e.args[0]}", file=sys.stderr)
+        print(f"tkverify replay: {args.path}: {e.args[0]}", file=sys.stderr)
+        return 2
+    misfit = _misfit(spec, case)
+    if misfit:
+        print(f"tkverify replay: {args.path}: {misfit}", file=sys.stderr)
         return 2
     impl_name = args.impl or meta["impl"]
     if "gradient" in meta and impl_name == "oracle":  # the gradcheck of the float64 backward: no implementation
@@ -100,6 +105,27 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"  {c.output} ({c.fmt}, {c.policy}): {c.count} elements, {c.exact} exact, max ULP {c.max_ulp:.3g}")
     print("PASS")
     return 0
+
+
+def _misfit(spec, case) -> str | None:
+    """Why the case's tensors and parameters cannot be a call of the op (its oracle's signature), or None.
+
+    Without this a case file edited or saved for another op would reach the
+    implementation and come back as its failure (rc 1), not as a bad file.
+    """
+    both = sorted(set(case.inputs) & set(case.params))
+    if both:
+        return f"{', '.join(both)} is both a tensor and a parameter"
+    try:
+        signature = inspect.signature(spec.oracle)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to compare against
+        return None
+    try:
+        signature.bind(**case.inputs, **case.params)
+    except TypeError as e:
+        return f"its tensors ({', '.join(case.inputs)}) and parameters ({', '.join(case.params)}) are not " \
+               f"arguments of {spec.name}: {e}"
+    return None
 
 
 def _replay_gradients(spec, impl_name: str, case, meta: dict) -> int:

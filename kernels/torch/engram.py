@@ -160,4 +160,12 @@ class EngramGate(torch.autograd.Function):
 def engram_gate(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wh: torch.Tensor, we: torch.Tensor,
                 eps: float = 1e-6, clamp: float = 1e-6) -> torch.Tensor:
     """Engram gating with the unfused weights: w = wh * we (fp32), through `EngramGate`."""
+    # wh and we are checked as w would be: their product would otherwise hide a wrong dtype (promoted to
+    # fp32), shape (broadcast) or device from the checks of EngramGate.
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 3:
+        weight = _FLOAT64[1] if x.dtype == torch.float64 else _WORKING[1]
+        for name, t in (("wh", wh), ("we", we)):
+            _check_tensor(name, t, weight, tuple(x.shape[1:]), x.device, "(hc, H)")
     return EngramGate.apply(x, k, v, (wh * we).contiguous(), eps, clamp)

@@ -18,7 +18,7 @@ Signatures
 
 Tensors (T tokens, K slots, E experts, N rows of the fused layout, H hidden)
 -------------------------------------------------------------------------
-scores             float32 (T, E), 1 <= E <= 1024; k in [1, min(32, E)].
+scores             float32 (T, E), contiguous, 1 <= E <= 1024; k in [1, min(32, E)].
 topk_idx           int64 (T, K), 1 <= K <= 32; entries in [0, E) pick an
                    expert, negative entries are masked slots (expert
                    parallelism) and take no row.  A row may name an expert
@@ -102,6 +102,7 @@ def _check_topk_gate_args(scores: object, k: object) -> None:
         raise TypeError(f"scores must have dtype torch.float32, got {scores.dtype}")
     if scores.dim() != 2:
         raise ValueError(f"scores must be 2-D (T, E), got shape {tuple(scores.shape)}")
+    _check_contiguous("scores", scores)
     num_experts = scores.shape[1]
     if not 1 <= num_experts <= MAX_EXPERTS:
         raise ValueError(f"scores must have 1 <= E <= {MAX_EXPERTS} columns (experts), got E={num_experts}")
@@ -186,15 +187,19 @@ def _align_up(n: torch.Tensor | int, alignment: int) -> torch.Tensor | int:
     return (n + alignment - 1) // alignment * alignment
 
 
+def _check_group_count_args(idx: object, num_groups: object) -> int:
+    _check_tensor("idx", idx, (torch.int32, torch.int64), 2, "(T, K)")
+    _check_contiguous("idx", idx)
+    _check_slots("idx", idx)
+    return _check_int("num_groups", num_groups, 1, MAX_EXPERTS)
+
+
 def group_count(idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     """int32 (num_groups,): how many entries of idx equal each g in [0, num_groups).
 
     Negative entries (masked slots) and entries >= num_groups count nowhere.
     """
-    _check_tensor("idx", idx, (torch.int32, torch.int64), 2, "(T, K)")
-    _check_contiguous("idx", idx)
-    _check_slots("idx", idx)
-    num_groups = _check_int("num_groups", num_groups, 1, MAX_EXPERTS)
+    num_groups = _check_group_count_args(idx, num_groups)
     flat = idx.reshape(-1).to(torch.int64)
     # Entries outside the groups land in one extra bin, dropped at the end: no
     # boolean indexing, hence no device-to-host sync.
@@ -275,11 +280,19 @@ def is_tma_column_major(sf: torch.Tensor) -> bool:
     """Whether a (rows, cols) sf is stored TMA-aligned column-major: stride(0) == 1, stride(1) == padded rows.
 
     Never true of a row-major contiguous tensor with rows >= 1 (its stride(1)
-    is 1, a padded row count is a multiple of at least 4); a tensor without
-    rows counts as row-major.
+    is 1, a padded row count is a multiple of at least 4).  A tensor without
+    rows has no padded column to measure, yet its layout still decides the
+    layout of an output with N > 0 rows (expand_to_fused with T = 0): it is
+    column-major when stride(0) == 1 and cols >= 2.  That is what every
+    column-major producer gives ((cols, 0) storage transposed: strides (1, 1);
+    empty_strided: (1, 0)), and a row-major (0, cols) tensor has stride(0) ==
+    cols.  With one column the two layouts cannot be told apart, and need not
+    be: they put every element at the same offset.
     """
-    rows = sf.shape[0]
-    return rows > 0 and sf.stride(0) == 1 and sf.stride(1) == tma_padded_rows(rows, sf.dtype)
+    rows, cols = sf.shape
+    if rows == 0:
+        return cols >= 2 and sf.stride(0) == 1
+    return sf.stride(0) == 1 and sf.stride(1) == tma_padded_rows(rows, sf.dtype)
 
 
 def column_major_zeros(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -405,11 +418,15 @@ def reduce_fused(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos:
     return acc.to(out_dtype)
 
 
-def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(denom, topk_weights / denom): denom = sum_k w[t, k] in fp32 slot order, plus 1e-20 as fp32."""
+def _check_normalize_args(topk_weights: object) -> None:
     _check_tensor("topk_weights", topk_weights, (torch.float32,), 2, "(T, K)")
     _check_contiguous("topk_weights", topk_weights)
     _check_slots("topk_weights", topk_weights)
+
+
+def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(denom, topk_weights / denom): denom = sum_k w[t, k] in fp32 slot order, plus 1e-20 as fp32."""
+    _check_normalize_args(topk_weights)
     denom = torch.zeros(topk_weights.shape[0], dtype=torch.float32, device=topk_weights.device)
     for slot in range(topk_weights.shape[1]):
         denom = denom + topk_weights[:, slot]

@@ -61,7 +61,8 @@ Options supported, and rejected with a ValueError naming the argument
 * swiglu: clamp None or finite > 0; topk_weights (float32 (T, K)) needs
   pos_to_token_topk (int32 (N,), values in [-1, T*K) with -1 for padding rows);
   pos_to_token_topk may come alone (padding marks, weights 1); clamped_count
-  is int64 (3,), contiguous.
+  is int64 (3,), contiguous, and shares no memory with x, topk_weights or
+  pos_to_token_topk (it is written while they are read).
 * H >= 1; T may be 0 (empty outputs of the right shapes).
 * Devices: every tensor argument on x's device (any device torch runs on).
 
@@ -305,13 +306,17 @@ def _store_sf(sf: torch.Tensor, use_ue8m0: bool, use_packed_ue8m0: bool, col_maj
     return _column_major(sf) if col_major else sf.contiguous()
 
 
-def _sf_values(sf: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """fp32 values (rows, cols) of an input sf of any storage and strides."""
+def _check_sf_input(sf: object, rows: int, cols: int) -> None:
+    """An input sf (precomputed, cast_back): its dtype says the storage, any strides are accepted."""
     _check_tensor("sf", sf, SF_DTYPES, 2, "(rows, cols)")
     stored_cols = -(-cols // 4) if sf.dtype == torch.int32 else cols
     if tuple(sf.shape) != (rows, stored_cols):
         raise ValueError(f"sf must have shape {(rows, stored_cols)} for this x and block "
                          f"({'packed ue8m0, ' if sf.dtype == torch.int32 else ''}{sf.dtype}), got {tuple(sf.shape)}")
+
+
+def _sf_values(sf: torch.Tensor, cols: int) -> torch.Tensor:
+    """fp32 values (rows, cols) of a checked input sf of any storage and strides."""
     if sf.dtype == torch.float32:
         return sf
     codes = sf if sf.dtype == torch.uint8 else _unpack_ue8m0(sf, cols)
@@ -451,18 +456,35 @@ def per_token_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", num_per_chan
     return _store_sf(sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf)
 
 
-def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3",
-                                       num_per_channels: int = 128) -> torch.Tensor:
-    """The data of x (T, H) quantised with a given sf (T, H / num_per_channels) of any storage and layout."""
+def _check_precomputed_args(x: object, sf: object, fmt: object, num_per_channels: object) -> tuple[str, int]:
     x = _check_x(x)
     fmt = _check_fmt(fmt)
     _check_row_format(fmt, x.shape[1])
     n = _check_num_per_channels(fmt, num_per_channels, x.shape[1])
     if isinstance(sf, torch.Tensor):
         _check_same_device(x, sf=sf)
-    values = _sf_values(sf, x.shape[0], x.shape[1] // n)
+    _check_sf_input(sf, x.shape[0], x.shape[1] // n)
+    return fmt, n
+
+
+def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3",
+                                       num_per_channels: int = 128) -> torch.Tensor:
+    """The data of x (T, H) quantised with a given sf (T, H / num_per_channels) of any storage and layout."""
+    fmt, n = _check_precomputed_args(x, sf, fmt, num_per_channels)
+    values = _sf_values(sf, x.shape[1] // n)
     y = x.float()
     return _quantise(y, _to_elements(values, y.shape, (1, n)), fmt)
+
+
+def _check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
+                          clamp_min) -> tuple[str, tuple[int, int], float]:
+    x = _check_x(x)
+    fmt = _check_fmt(fmt, ("e4m3", "e2m1"), " (e5m6 is per-token only)")
+    bm, bk = _check_block(block, PER_BLOCK_SIZES)
+    if x.shape[1] % bk:
+        raise ValueError(f"block: bk={bk} must divide H={x.shape[1]}")
+    cm = _check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
+    return fmt, (bm, bk), cm
 
 
 def per_block_cast(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | list[int] = (128, 128), *,
@@ -470,20 +492,13 @@ def per_block_cast(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | 
                    use_tma_aligned_col_major_sf: bool = False,
                    clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(data, sf) of x (T, H) quantised in 2-D blocks of bm x bk (sf (ceil(T/bm), H/bk))."""
-    x = _check_x(x)
-    fmt = _check_fmt(fmt, ("e4m3", "e2m1"), " (e5m6 is per-token only)")
-    bm, bk = _check_block(block, PER_BLOCK_SIZES)
-    if x.shape[1] % bk:
-        raise ValueError(f"block: bk={bk} must divide H={x.shape[1]}")
-    cm = _check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
+    fmt, (bm, bk), cm = _check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0,
+                                              use_tma_aligned_col_major_sf, clamp_min)
     return _cast(x.float(), fmt, (bm, bk), round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm)
 
 
-def per_channel_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_tokens: int = 128, *, round_sf: bool = False,
-                     use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
-                     use_tma_aligned_col_major_sf: bool = False,
-                     clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(data, sf) of x (T, H) quantised in blocks of num_per_tokens x 1 (sf (ceil(T/npt), H))."""
+def _check_per_channel_args(x, fmt, num_per_tokens, round_sf, use_ue8m0, use_packed_ue8m0,
+                            use_tma_aligned_col_major_sf, clamp_min) -> tuple[str, int, float]:
     x = _check_x(x)
     fmt = _check_fmt(fmt, ("e4m3", "e2m1"), " (e5m6 is per-token only)")
     _check_row_format(fmt, x.shape[1])
@@ -491,6 +506,16 @@ def per_channel_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_tokens: int = 1
     if n not in CHANNEL_BLOCKS:
         raise ValueError(f"num_per_tokens must be one of {CHANNEL_BLOCKS}, got {n}")
     cm = _check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
+    return fmt, n, cm
+
+
+def per_channel_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_tokens: int = 128, *, round_sf: bool = False,
+                     use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
+                     use_tma_aligned_col_major_sf: bool = False,
+                     clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, sf) of x (T, H) quantised in blocks of num_per_tokens x 1 (sf (ceil(T/npt), H))."""
+    fmt, n, cm = _check_per_channel_args(x, fmt, num_per_tokens, round_sf, use_ue8m0, use_packed_ue8m0,
+                                         use_tma_aligned_col_major_sf, clamp_min)
     return _cast(x.float(), fmt, (n, 1), round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm)
 
 
@@ -554,9 +579,8 @@ def _round_to_odd_fp32(d: torch.Tensor) -> torch.Tensor:
     return torch.where(inexact, odd, t)
 
 
-def cast_back(data: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | list[int] = (1, 128),
-              out_dtype: Any = torch.bfloat16) -> torch.Tensor:
-    """q * sf per element, correctly rounded to out_dtype (bf16 or fp32), shape (T, H)."""
+def _check_cast_back_args(data, sf, fmt, block, out_dtype) -> tuple[str, torch.dtype, int, tuple[int, int]]:
+    """Returns fmt, out_dtype as a torch dtype, H, and the block."""
     fmt = _check_fmt(fmt)
     _check_tensor("data", data, (_DATA_DTYPES[fmt],), 2, "(T, H) in the format's storage")
     _check_contiguous("data", data)
@@ -573,8 +597,15 @@ def cast_back(data: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3", block: tu
     bm, bk = _check_cast_back_block(block, fmt, hidden)
     if isinstance(sf, torch.Tensor):
         _check_same_device(data, sf=sf)
-    num_rows = data.shape[0]
-    values = _sf_values(sf, -(-num_rows // bm), hidden // bk)
+    _check_sf_input(sf, -(-data.shape[0] // bm), hidden // bk)
+    return fmt, out_dtype, hidden, (bm, bk)
+
+
+def cast_back(data: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | list[int] = (1, 128),
+              out_dtype: Any = torch.bfloat16) -> torch.Tensor:
+    """q * sf per element, correctly rounded to out_dtype (bf16 or fp32), shape (T, H)."""
+    fmt, out_dtype, hidden, (bm, bk) = _check_cast_back_args(data, sf, fmt, block, out_dtype)
+    values = _sf_values(sf, hidden // bk)
     q = _decode_data(data, fmt)
     product = q.double() * _to_elements(values, q.shape, (bm, bk)).double()  # exact: <= 8 + 24 bits
     if out_dtype == torch.float32:
@@ -583,6 +614,25 @@ def cast_back(data: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3", block: tu
 
 
 # -- swiglu + per-token cast --------------------------------------------------------------------------
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte addresses a tensor's elements can occupy (empty for no elements)."""
+    if t.numel() == 0:
+        return 0, 0
+    extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def _check_not_aliased(name: str, buffer: torch.Tensor, **inputs: torch.Tensor | None) -> None:
+    """An in-place buffer must not share memory with an input: it is written while they are read."""
+    first, last = _byte_span(buffer)
+    for other, t in inputs.items():
+        if t is None or t.device != buffer.device:
+            continue
+        start, stop = _byte_span(t)
+        if start < last and first < stop:
+            raise ValueError(f"{name} shares memory with {other}; an in-place buffer must not alias an input")
 
 
 def _check_swiglu_extras(x: torch.Tensor, topk_weights: object, pos_to_token_topk: object, clamp: object,
@@ -597,6 +647,8 @@ def _check_swiglu_extras(x: torch.Tensor, topk_weights: object, pos_to_token_top
         if pos_to_token_topk.shape[0] != x.shape[0]:
             raise ValueError(f"pos_to_token_topk must have N={x.shape[0]} entries (one per row of x), "
                              f"got {pos_to_token_topk.shape[0]}")
+        # Its values are read below (a host sync on CUDA): only from x's device.
+        _check_same_device(x, pos_to_token_topk=pos_to_token_topk)
         slots = topk_weights.numel() if topk_weights is not None else None
         if pos_to_token_topk.numel():
             low, high = int(pos_to_token_topk.min()), int(pos_to_token_topk.max())
@@ -608,8 +660,10 @@ def _check_swiglu_extras(x: torch.Tensor, topk_weights: object, pos_to_token_top
         _check_contiguous("clamped_count", clamped_count)
         if clamped_count.shape[0] != 3:
             raise ValueError(f"clamped_count must have shape (3,), got {tuple(clamped_count.shape)}")
-    _check_same_device(x, topk_weights=topk_weights, pos_to_token_topk=pos_to_token_topk,
-                       clamped_count=clamped_count)
+    _check_same_device(x, topk_weights=topk_weights, clamped_count=clamped_count)
+    if clamped_count is not None:
+        _check_not_aliased("clamped_count", clamped_count, x=x, topk_weights=topk_weights,
+                           pos_to_token_topk=pos_to_token_topk)
     if clamp is None:
         return None
     if isinstance(clamp, bool) or not isinstance(clamp, numbers.Real):
@@ -618,6 +672,22 @@ def _check_swiglu_extras(x: torch.Tensor, topk_weights: object, pos_to_token_top
     if not 0 < c < float("inf"):
         raise ValueError(f"clamp must be finite and positive, got {clamp!r}")
     return c
+
+
+def _check_swiglu_args(x, fmt, num_per_channels, topk_weights, pos_to_token_topk, clamp, clamped_count, round_sf,
+                       use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
+                       clamp_min) -> tuple[int, str, int, float, float | None]:
+    """Returns H, fmt, num_per_channels, clamp_min in force, clamp (None: no clamp)."""
+    x = _check_x(x, "(N, 2H)")
+    if x.shape[1] % 2:
+        raise ValueError(f"x must have an even number of columns (l and r halves), got {x.shape[1]}")
+    hidden = x.shape[1] // 2
+    fmt = _check_fmt(fmt)
+    _check_row_format(fmt, hidden)
+    n = _check_num_per_channels(fmt, num_per_channels, hidden)
+    cm = _check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
+    c = _check_swiglu_extras(x, topk_weights, pos_to_token_topk, clamp, clamped_count)
+    return hidden, fmt, n, cm, c
 
 
 def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 128, *,
@@ -636,16 +706,9 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
     is not read, their codes are +0, their sf that of an all-zero block, and
     they are not counted.
     """
-    x = _check_x(x, "(N, 2H)")
-    if x.shape[1] % 2:
-        raise ValueError(f"x must have an even number of columns (l and r halves), got {x.shape[1]}")
-    hidden = x.shape[1] // 2
-    fmt = _check_fmt(fmt)
-    _check_row_format(fmt, hidden)
-    n = _check_num_per_channels(fmt, num_per_channels, hidden)
-    cm = _check_sf_options(fmt, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
-    c = _check_swiglu_extras(x, topk_weights, pos_to_token_topk, clamp, clamped_count)
-
+    hidden, fmt, n, cm, c = _check_swiglu_args(x, fmt, num_per_channels, topk_weights, pos_to_token_topk, clamp,
+                                               clamped_count, round_sf, use_ue8m0, use_packed_ue8m0,
+                                               use_tma_aligned_col_major_sf, clamp_min)
     l, r = x[:, :hidden].float(), x[:, hidden:].float()
     live = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
     w = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)

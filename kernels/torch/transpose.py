@@ -17,6 +17,9 @@ def _check_transpose_arg(x: object, ndim: int, layout: str) -> None:
         )
     if x.dim() != ndim:
         raise ValueError(f"x must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
+    # The TileLang kernel reads rows of a contiguous x; the same bad argument gets the same error here.
+    if not x.is_contiguous():
+        raise ValueError(f"x must be contiguous, got strides {x.stride()} for shape {tuple(x.shape)}")
 
 
 def _contiguous_copy(x: torch.Tensor) -> torch.Tensor:
@@ -26,12 +29,12 @@ def _contiguous_copy(x: torch.Tensor) -> torch.Tensor:
 
 
 def transpose(x: torch.Tensor) -> torch.Tensor:
-    """out[j, i] = x[i, j] for x of shape (M, N), contiguous, on x's device."""
+    """out[j, i] = x[i, j] for a contiguous x of shape (M, N); out is contiguous, on x's device."""
     _check_transpose_arg(x, 2, "(M, N)")
     return _contiguous_copy(x.transpose(-1, -2))
 
 
 def batched_transpose(x: torch.Tensor) -> torch.Tensor:
-    """out[b, j, i] = x[b, i, j] for x of shape (B, M, N), contiguous, on x's device."""
+    """out[b, j, i] = x[b, i, j] for a contiguous x of shape (B, M, N); out is contiguous, on x's device."""
     _check_transpose_arg(x, 3, "(B, M, N)")
     return _contiguous_copy(x.transpose(-1, -2))

@@ -28,7 +28,10 @@ Decisions where OPS.md is silent
   (a kernel guards its accesses); the strategies never draw them.
 * sf layout of expand_to_fused: out_sf takes x_sf's dtype and layout
   (row-major contiguous, or TMA-aligned column-major padded for N rows);
-  the layout is judged along with the bits (`StoredBitwise`).
+  the layout is judged along with the bits (`StoredBitwise`).  An x_sf
+  without rows (T = 0) still has a layout, read from its strides: column-major
+  when stride(0) == 1 and G >= 2 (`kernels.torch.moe.is_tma_column_major`),
+  so that N > 0 padding rows come back in the layout the caller uses.
 * reduce_fused output dtype: bf16 for bf16 and e4m3 x, fp32 for fp32 x.
   normalize_weight's weights may be negative (nothing checks); the
   strategies draw non-negative ones (and -0.0), as routers give.

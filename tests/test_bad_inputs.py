@@ -1,0 +1,608 @@
+"""Bad input, for every public kernel function: refused before any launch, with the argument named.
+
+One table per function (`TABLES`): a valid call and the ways to spoil one
+argument of it (wrong type, dtype, rank, shape, device, layout, an aliased
+in-place buffer, an out-of-range or non-finite parameter, an option
+combination the function does not support).  Each spoiled call must raise
+the exception the table names (TypeError for a wrong type or dtype,
+ValueError for everything else) with a message that starts with the
+argument's name, and leave every tensor it was given bit-identical, the
+in-place buffer (swiglu's clamped_count) included.
+
+The same tables judge both implementations of a function: the eager one
+(kernels/torch/<family>.py) on this machine's devices, and the TileLang
+wrapper (kernels/<family>.py), whose contract is to raise the same errors
+for the same bad arguments.  Without CUDA the wrappers still run here: they
+apply the eager checks first, so every spoiled call gets the eager error,
+and a valid call on the CPU is refused with an error naming the tensor that
+must be on a CUDA device.  On a CUDA machine the valid call also runs.
+
+Which functions: every implementation (forward and backward) the registry
+declares, and every other public callable of the kernels modules, so a new
+op or a new entry point fails `test_every_public_kernel_function_has_a_table`
+until it has a table (or a reason in `NOT_ENTRY_POINTS`).
+
+Aliasing: only swiglu_forward_and_per_token_cast writes into a tensor it is
+given (clamped_count); a clamped_count sharing memory with an input is
+refused.  Every other function only reads its tensors and returns new ones,
+so inputs aliasing one another are harmless there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import math
+import pkgutil
+import re
+from typing import Any, Callable
+
+import pytest
+import torch
+
+import kernels
+import kernels.torch
+from kernels._tilelang import kernel_defs
+from tkverify import registry
+
+# -- how a table is written -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Bad:
+    """One spoiled argument: `change(args, foreign)` edits the valid call's arguments in place."""
+
+    id: str
+    arg: str  # the argument the error must name first
+    error: type[Exception]
+    change: Callable[[dict[str, Any], torch.device], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A function's valid call and its spoiled variants.
+
+    base        ``base() -> {argument: value}``, a valid call on the CPU (tensors are
+                moved to the device under test).
+    tensors     tensor argument -> a dtype it must refuse; each such argument also gets
+                a non-tensor, (unless in `any_rank`) an extra dimension, (unless in
+                `any_strides`) a non-contiguous view; every one but `reference` a tensor on another device.
+    reference   the tensor whose device is the call's device (named by a TileLang
+                wrapper given CPU tensors).
+    ints        integer parameter -> out-of-range values; each also gets a bool and a float.
+    floats      float parameter -> out-of-range values; each also gets a str and a bool.
+    bools       flags: each gets the int 1.
+    extra       the function's own spoiled calls (shapes that disagree, option combinations).
+    positional  call positionally in this order (autograd Function.apply takes no keywords).
+    """
+
+    base: Callable[[], dict[str, Any]]
+    tensors: dict[str, torch.dtype]
+    reference: str
+    ints: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    floats: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    bools: tuple[str, ...] = ()
+    any_strides: tuple[str, ...] = ()
+    any_rank: tuple[str, ...] = ()
+    extra: tuple[Bad, ...] = ()
+    positional: tuple[str, ...] | None = None
+
+    def bads(self) -> list[Bad]:
+        out = []
+        for name, dtype in self.tensors.items():
+            out += [
+                Bad(f"{name}-not-a-tensor", name, TypeError, _set(name, lambda t: t.tolist())),
+                Bad(f"{name}-dtype-{str(dtype).removeprefix('torch.')}", name, TypeError,
+                    _set(name, lambda t, d=dtype: t.to(d))),
+            ]
+            if name not in self.any_rank:
+                out.append(Bad(f"{name}-extra-dim", name, ValueError, _set(name, lambda t: t.unsqueeze(0))))
+            if name not in self.any_strides:
+                out.append(Bad(f"{name}-non-contiguous", name, ValueError, _set(name, _strided)))
+            if name != self.reference:
+                out.append(Bad(f"{name}-other-device", name, ValueError,
+                               lambda a, foreign, n=name: a.update({n: a[n].to(foreign)})))
+        for name, values in self.ints.items():
+            out += [Bad(f"{name}-bool", name, TypeError, _put(name, True)),
+                    Bad(f"{name}-float", name, TypeError, _put(name, 2.0))]
+            out += [Bad(f"{name}={v}", name, ValueError, _put(name, v)) for v in values]
+        for name, values in self.floats.items():
+            out += [Bad(f"{name}-str", name, TypeError, _put(name, "1e-6")),
+                    Bad(f"{name}-bool", name, TypeError, _put(name, True))]
+            out += [Bad(f"{name}={v}", name, ValueError, _put(name, v)) for v in values]
+        out += [Bad(f"{name}-int", name, TypeError, _put(name, 1)) for name in self.bools]
+        return out + list(self.extra)
+
+
+def _set(name: str, f: Callable[[torch.Tensor], Any]):
+    return lambda args, foreign: args.update({name: f(args[name])})
+
+
+def _put(name: str, value: Any):
+    return lambda args, foreign: args.update({name: value})
+
+
+def _with(**values: Any):
+    return lambda args, foreign: args.update(values)
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values in a view that is not contiguous (every other element of a wider tensor)."""
+    wide = torch.zeros((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
+    view = wide[..., ::2]
+    view.copy_(t)
+    assert not view.is_contiguous()
+    return view
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+NON_FINITE_OR_NOT_POSITIVE = (math.nan, math.inf, 0.0, -1.0)
+
+# -- moe ---------------------------------------------------------------------------------------------
+
+
+def _pos(tokens: int, k: int, rows: int) -> torch.Tensor:
+    """A token_topk_to_pos with distinct rows in [0, rows), and one masked slot."""
+    pos = torch.randperm(rows, generator=_gen(1))[: tokens * k].reshape(tokens, k).to(torch.int32)
+    pos[-1, -1] = -1
+    return pos
+
+
+MOE = {
+    "topk_gate": Table(
+        base=lambda: {"scores": torch.randn(4, 8, generator=_gen(0)), "k": 2},
+        tensors={"scores": torch.float64}, reference="scores", ints={"k": (0, 9)},
+        extra=(Bad("no-experts", "scores", ValueError, _set("scores", lambda t: t[:, :0])),
+               Bad("too-many-experts", "scores", ValueError, _put("scores", torch.zeros(4, 1025))),
+               Bad("k-beyond-32", "k", ValueError, _with(scores=torch.zeros(4, 64), k=33)))),
+    "group_count": Table(
+        base=lambda: {"idx": torch.randint(-1, 8, (4, 2), generator=_gen(0), dtype=torch.int32), "num_groups": 8},
+        tensors={"idx": torch.float32}, reference="idx", ints={"num_groups": (0, 1025)},
+        extra=(Bad("no-slots", "idx", ValueError, _set("idx", lambda t: t[:, :0])),
+               Bad("33-slots", "idx", ValueError, _put("idx", torch.zeros(4, 33, dtype=torch.int32))))),
+    "fused_mapping": Table(
+        base=lambda: {"topk_idx": torch.randint(-1, 8, (4, 2), generator=_gen(0)), "num_experts": 8, "alignment": 4},
+        tensors={"topk_idx": torch.int32}, reference="topk_idx",
+        ints={"num_experts": (0, 1025), "alignment": (0, 1025)},
+        extra=(Bad("33-slots", "topk_idx", ValueError, _put("topk_idx", torch.zeros(4, 33, dtype=torch.int64))),)),
+    "expand_to_fused": Table(
+        base=lambda: {"x": torch.randn(4, 16, generator=_gen(0)).to(torch.float8_e4m3fn),
+                      "token_topk_to_pos": _pos(4, 2, 10), "num_expanded_rows": 10,
+                      "x_sf": torch.rand(4, 2, generator=_gen(2))},
+        tensors={"x": torch.float64, "token_topk_to_pos": torch.int64, "x_sf": torch.float16}, reference="x",
+        ints={"num_expanded_rows": (-1, 2**31)},
+        extra=(Bad("x-no-columns", "x", ValueError, _set("x", lambda t: t[:, :0])),
+               Bad("pos-other-token-count", "token_topk_to_pos", ValueError,
+                   _set("token_topk_to_pos", lambda t: t[:3])),
+               Bad("pos-33-slots", "token_topk_to_pos", ValueError,
+                   _put("token_topk_to_pos", torch.full((4, 33), -1, dtype=torch.int32))),
+               Bad("x_sf-other-token-count", "x_sf", ValueError, _set("x_sf", lambda t: t[:3])),
+               Bad("x_sf-no-columns", "x_sf", ValueError, _set("x_sf", lambda t: t[:, :0])),
+               # Column-major, but ue8m0 bytes pad 4 rows to 16: not the TMA layout.
+               Bad("x_sf-column-major-unpadded", "x_sf", ValueError,
+                   _put("x_sf", torch.ones(2, 4, dtype=torch.uint8).T)))),
+    "reduce_fused": Table(
+        base=lambda: {"x": torch.randn(8, 16, generator=_gen(0)).to(torch.float8_e4m3fn),
+                      "topk_weights": torch.rand(4, 2, generator=_gen(1)), "token_topk_to_pos": _pos(4, 2, 8),
+                      "x_sf": torch.rand(8, 1, generator=_gen(2))},
+        tensors={"x": torch.float16, "topk_weights": torch.float64, "token_topk_to_pos": torch.int64,
+                 "x_sf": torch.float64},
+        reference="x",
+        extra=(Bad("x-no-columns", "x", ValueError, _set("x", lambda t: t[:, :0])),
+               Bad("weights-33-slots", "topk_weights", ValueError, _put("topk_weights", torch.zeros(4, 33))),
+               Bad("pos-other-shape", "token_topk_to_pos", ValueError, _set("token_topk_to_pos", lambda t: t[:3])),
+               Bad("e4m3-without-x_sf", "x_sf", ValueError, _put("x_sf", None)),
+               Bad("x_sf-with-bf16-x", "x_sf", ValueError, _set("x", lambda t: t.to(torch.bfloat16))),
+               Bad("x_sf-two-columns", "x_sf", ValueError, _put("x_sf", torch.ones(8, 2))),
+               Bad("x_sf-other-rows", "x_sf", ValueError, _set("x_sf", lambda t: t[:7])))),
+    "normalize_weight": Table(
+        base=lambda: {"topk_weights": torch.rand(4, 2, generator=_gen(0))},
+        tensors={"topk_weights": torch.float64}, reference="topk_weights",
+        extra=(Bad("no-slots", "topk_weights", ValueError, _set("topk_weights", lambda t: t[:, :0])),
+               Bad("33-slots", "topk_weights", ValueError, _put("topk_weights", torch.zeros(4, 33))))),
+}
+
+# -- quant ---------------------------------------------------------------------------------------------
+
+
+def _x(rows: int, cols: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.randn(rows, cols, generator=_gen(rows * 1000 + cols)).to(dtype)
+
+
+SF_OPTIONS = ("round_sf", "use_ue8m0", "use_packed_ue8m0", "use_tma_aligned_col_major_sf")
+CLAMP_MIN_BAD = (math.nan, math.inf, 0.0, -1.0, 1e-40)
+OPTION_COMBINATIONS = (
+    Bad("ue8m0-without-round_sf", "use_ue8m0", ValueError, _with(use_ue8m0=True)),
+    Bad("packed-without-ue8m0", "use_packed_ue8m0", ValueError, _with(round_sf=True, use_packed_ue8m0=True)),
+)
+FMT_BAD = (
+    Bad("fmt-not-a-str", "fmt", TypeError, _put("fmt", 1)),
+    Bad("fmt-e5m2", "fmt", ValueError, _put("fmt", "e5m2")),
+)
+
+
+def _token_cast_table() -> Table:
+    return Table(
+        base=lambda: {"x": _x(4, 256), "fmt": "e4m3", "num_per_channels": 128, "round_sf": False,
+                      "use_ue8m0": False, "use_packed_ue8m0": False, "use_tma_aligned_col_major_sf": False,
+                      "clamp_min": None},
+        tensors={"x": torch.float16}, reference="x", ints={"num_per_channels": (48, 0, 512)},
+        floats={"clamp_min": CLAMP_MIN_BAD}, bools=SF_OPTIONS,
+        extra=FMT_BAD + OPTION_COMBINATIONS + (
+            Bad("x-no-columns", "x", ValueError, _set("x", lambda t: t[:, :0])),
+            Bad("e2m1-odd-H", "x", ValueError, _with(x=_x(4, 129), fmt="e2m1", num_per_channels=129)),
+            Bad("e5m6-H-not-multiple-of-8", "x", ValueError, _with(x=_x(4, 132), fmt="e5m6", num_per_channels=132)),
+            Bad("e5m6-two-blocks-a-row", "num_per_channels", ValueError, _put("fmt", "e5m6")),
+            Bad("npc-not-dividing-H", "num_per_channels", ValueError, _with(x=_x(4, 160)))))
+
+
+def _precomputed_base() -> dict[str, Any]:
+    return {"x": _x(4, 256), "sf": torch.rand(4, 2, generator=_gen(5)) + 0.5, "fmt": "e4m3", "num_per_channels": 128}
+
+
+SWIGLU_POS = torch.tensor([0, 3, -1, 5, 1, 7, 2, 6], dtype=torch.int32)
+
+
+def _swiglu_base() -> dict[str, Any]:
+    return {"x": _x(8, 64, torch.float32), "fmt": "e4m3", "num_per_channels": 32,
+            "topk_weights": torch.rand(4, 2, generator=_gen(3)), "pos_to_token_topk": SWIGLU_POS.clone(),
+            "clamp": 0.5, "clamped_count": torch.tensor([1, 2, 3]), "round_sf": False, "use_ue8m0": False,
+            "use_packed_ue8m0": False, "use_tma_aligned_col_major_sf": False, "clamp_min": None}
+
+
+def _alias(into: str):
+    """clamped_count as three int64 words of another argument's memory."""
+    return lambda args, foreign: args.update(clamped_count=args[into].view(-1).view(torch.int64)[:3])
+
+
+QUANT = {
+    "per_token_cast": _token_cast_table(),
+    "per_token_cast_with_sf_only": _token_cast_table(),
+    "per_token_cast_with_precomputed_sf": Table(
+        base=_precomputed_base, tensors={"x": torch.float16, "sf": torch.float64}, reference="x",
+        any_strides=("sf",), ints={"num_per_channels": (48, 0)},
+        extra=FMT_BAD + (
+            Bad("sf-other-columns", "sf", ValueError, _put("sf", torch.ones(4, 3))),
+            Bad("sf-other-rows", "sf", ValueError, _put("sf", torch.ones(3, 2))),
+            Bad("packed-sf-unpacked-width", "sf", ValueError, _put("sf", torch.ones(4, 2, dtype=torch.int32))),
+            Bad("e5m6-two-blocks-a-row", "num_per_channels", ValueError, _put("fmt", "e5m6")))),
+    "per_block_cast": Table(
+        base=lambda: {"x": _x(4, 256), "fmt": "e4m3", "block": (128, 128), "round_sf": False, "use_ue8m0": False,
+                      "use_packed_ue8m0": False, "use_tma_aligned_col_major_sf": False, "clamp_min": None},
+        tensors={"x": torch.float16}, reference="x", floats={"clamp_min": CLAMP_MIN_BAD}, bools=SF_OPTIONS,
+        extra=FMT_BAD + OPTION_COMBINATIONS + (
+            Bad("e5m6", "fmt", ValueError, _put("fmt", "e5m6")),
+            Bad("block-64x64", "block", ValueError, _put("block", (64, 64))),
+            Bad("block-one-int", "block", TypeError, _put("block", (128,))),
+            Bad("block-str", "block", TypeError, _put("block", "128x128")),
+            Bad("block-bool", "block", TypeError, _put("block", (True, 128))),
+            Bad("bk-not-dividing-H", "block", ValueError, _put("x", _x(4, 160))))),
+    "per_channel_cast": Table(
+        base=lambda: {"x": _x(4, 256), "fmt": "e4m3", "num_per_tokens": 128, "round_sf": False, "use_ue8m0": False,
+                      "use_packed_ue8m0": False, "use_tma_aligned_col_major_sf": False, "clamp_min": None},
+        tensors={"x": torch.float16}, reference="x", ints={"num_per_tokens": (48, 0, 256)},
+        floats={"clamp_min": CLAMP_MIN_BAD}, bools=SF_OPTIONS,
+        extra=FMT_BAD + OPTION_COMBINATIONS + (
+            Bad("e5m6", "fmt", ValueError, _put("fmt", "e5m6")),
+            Bad("e2m1-odd-H", "x", ValueError, _with(x=_x(4, 129), fmt="e2m1")))),
+    "cast_back": Table(
+        base=lambda: {"data": _x(4, 256).to(torch.float8_e4m3fn), "sf": torch.rand(4, 2, generator=_gen(4)),
+                      "fmt": "e4m3", "block": (1, 128), "out_dtype": torch.bfloat16},
+        tensors={"data": torch.int8, "sf": torch.float64}, reference="data", any_strides=("sf",),
+        extra=FMT_BAD + (
+            Bad("data-no-columns", "data", ValueError, _set("data", lambda t: t[:, :0])),
+            Bad("e5m6-row-not-12-bytes", "data", ValueError,
+                _with(data=torch.zeros(4, 30, dtype=torch.uint8), fmt="e5m6", block=(1, 20))),
+            Bad("out_dtype-fp16", "out_dtype", TypeError, _put("out_dtype", torch.float16)),
+            Bad("out_dtype-name", "out_dtype", ValueError, _put("out_dtype", "half")),
+            Bad("block-1x48", "block", ValueError, _put("block", (1, 48))),
+            Bad("block-2x2", "block", ValueError, _put("block", (2, 2))),
+            Bad("block-one-int", "block", TypeError, _put("block", (128,))),
+            Bad("sf-other-columns", "sf", ValueError, _put("sf", torch.ones(4, 3))))),
+    "swiglu_forward_and_per_token_cast": Table(
+        base=_swiglu_base,
+        tensors={"x": torch.float16, "topk_weights": torch.float64, "pos_to_token_topk": torch.int64,
+                 "clamped_count": torch.int32},
+        reference="x", any_strides=("pos_to_token_topk",), ints={"num_per_channels": (48, 0)},
+        floats={"clamp": NON_FINITE_OR_NOT_POSITIVE, "clamp_min": CLAMP_MIN_BAD}, bools=SF_OPTIONS,
+        extra=FMT_BAD + OPTION_COMBINATIONS + (
+            Bad("x-odd-columns", "x", ValueError, _set("x", lambda t: t[:, :63])),
+            Bad("weights-without-pos", "topk_weights", ValueError, _put("pos_to_token_topk", None)),
+            Bad("pos-other-length", "pos_to_token_topk", ValueError, _set("pos_to_token_topk", lambda t: t[:7])),
+            Bad("pos-past-the-slots", "pos_to_token_topk", ValueError,
+                _set("pos_to_token_topk", lambda t: torch.where(t == 7, 8, t))),
+            Bad("pos-below-minus-one", "pos_to_token_topk", ValueError,
+                _set("pos_to_token_topk", lambda t: torch.where(t == -1, -2, t))),
+            Bad("count-four-counters", "clamped_count", ValueError, _put("clamped_count", torch.zeros(4, dtype=torch.int64))),
+            Bad("count-aliases-x", "clamped_count", ValueError, _alias("x")),
+            Bad("count-aliases-topk_weights", "clamped_count", ValueError, _alias("topk_weights")),
+            Bad("count-aliases-pos", "clamped_count", ValueError, _alias("pos_to_token_topk")))),
+}
+
+# -- transpose ------------------------------------------------------------------------------------------
+
+TRANSPOSE = {
+    "transpose": Table(base=lambda: {"x": _x(3, 5)}, tensors={"x": torch.float64}, reference="x"),
+    "batched_transpose": Table(base=lambda: {"x": _x(6, 5).reshape(2, 3, 5)}, tensors={"x": torch.float64},
+                               reference="x"),
+}
+
+# -- engram ---------------------------------------------------------------------------------------------
+
+
+def _engram_inputs() -> dict[str, Any]:
+    g = _gen(7)
+    return {"x": torch.randn(2, 2, 16, generator=g).bfloat16(), "k": torch.randn(2, 2, 16, generator=g).bfloat16(),
+            "v": torch.randn(2, 16, generator=g).bfloat16(), "w": torch.rand(2, 16, generator=g) + 0.5,
+            "eps": 1e-6, "clamp": 1e-6}
+
+
+def _engram_bwd_inputs() -> dict[str, Any]:
+    from kernels.torch.engram import engram_gate_fwd
+
+    args = _engram_inputs()
+    _, d, g, rx, rk = engram_gate_fwd(**args)
+    grad_out = torch.randn(2, 2, 16, generator=_gen(8)).bfloat16()
+    return {"grad_out": grad_out, **{k: args[k] for k in "xkvw"}, "d": d, "g": g, "rx": rx, "rk": rk,
+            "eps": args["eps"], "clamp": args["clamp"]}
+
+
+def _unfused_inputs() -> dict[str, Any]:
+    args = _engram_inputs()
+    w = args.pop("w")
+    return {**{k: args[k] for k in "xkv"}, "wh": w, "we": torch.full_like(w, 0.5), "eps": 1e-6, "clamp": 1e-6}
+
+
+ENGRAM_FWD = dict(
+    tensors={"x": torch.float16, "k": torch.float16, "v": torch.float16, "w": torch.float64}, reference="x",
+    floats={"eps": NON_FINITE_OR_NOT_POSITIVE, "clamp": NON_FINITE_OR_NOT_POSITIVE},
+    extra=(Bad("x-no-heads", "x", ValueError, _set("x", lambda t: t[:, :0])),
+           Bad("k-other-H", "k", ValueError, _set("k", lambda t: t[..., :8])),
+           Bad("v-other-tokens", "v", ValueError, _set("v", lambda t: t[:1])),
+           Bad("w-other-heads", "w", ValueError, _set("w", lambda t: t[:1]))))
+ENGRAM = {
+    "engram_gate_fwd": Table(base=_engram_inputs, **ENGRAM_FWD),
+    "EngramGate.apply": Table(base=_engram_inputs, positional=("x", "k", "v", "w", "eps", "clamp"), **ENGRAM_FWD),
+    "engram_gate_bwd": Table(
+        base=_engram_bwd_inputs,
+        tensors={"grad_out": torch.float16, "x": torch.float16, "k": torch.float16, "v": torch.float16,
+                 "w": torch.float64, "d": torch.float64, "g": torch.float64, "rx": torch.float64,
+                 "rk": torch.float64},
+        reference="x", floats={"eps": NON_FINITE_OR_NOT_POSITIVE, "clamp": NON_FINITE_OR_NOT_POSITIVE},
+        extra=(Bad("grad_out-other-heads", "grad_out", ValueError, _set("grad_out", lambda t: t[:, :1])),
+               Bad("d-other-tokens", "d", ValueError, _set("d", lambda t: t[:1])),
+               Bad("rk-other-heads", "rk", ValueError, _set("rk", lambda t: t[:, :1])))),
+    "engram_gate": Table(
+        base=_unfused_inputs,
+        tensors={"x": torch.float16, "k": torch.float16, "v": torch.float16, "wh": torch.bfloat16,
+                 "we": torch.float64},
+        reference="x", floats={"eps": NON_FINITE_OR_NOT_POSITIVE, "clamp": NON_FINITE_OR_NOT_POSITIVE},
+        extra=(Bad("wh-other-H", "wh", ValueError, _set("wh", lambda t: t[:, :8])),
+               Bad("we-broadcast-row", "we", ValueError, _set("we", lambda t: t[:1])))),
+}
+
+# -- mhc ---------------------------------------------------------------------------------------------------
+
+
+def _sinkhorn_inputs() -> dict[str, Any]:
+    return {"x": torch.randn(3, 4, 4, generator=_gen(9)), "repeat": 3, "eps": 1e-6}
+
+
+SINKHORN = dict(
+    tensors={"x": torch.float16}, reference="x", any_rank=("x",), ints={"repeat": (0, -1)}, floats={"eps": NON_FINITE_OR_NOT_POSITIVE},
+    extra=(Bad("x-not-square", "x", ValueError, _put("x", torch.zeros(3, 4, 5))),
+           Bad("x-m-1", "x", ValueError, _put("x", torch.zeros(3, 1, 1))),
+           Bad("x-m-9", "x", ValueError, _put("x", torch.zeros(3, 9, 9))),
+           Bad("x-one-dim", "x", ValueError, _put("x", torch.zeros(4)))))
+MHC = {
+    "sinkhorn": Table(base=_sinkhorn_inputs, **SINKHORN),
+    "Sinkhorn.apply": Table(base=_sinkhorn_inputs, positional=("x", "repeat", "eps"), **SINKHORN),
+    "sinkhorn_bwd": Table(
+        base=lambda: {"grad_out": torch.randn(3, 4, 4, generator=_gen(10)), **_sinkhorn_inputs()},
+        tensors={"grad_out": torch.float64, "x": torch.float16}, reference="x", any_rank=("x",), ints={"repeat": (0,)},
+        floats={"eps": NON_FINITE_OR_NOT_POSITIVE},
+        extra=(Bad("grad_out-other-shape", "grad_out", ValueError, _set("grad_out", lambda t: t[:2])),)),
+}
+
+TABLES: dict[str, Table] = {f"{family}.{name}": table for family, tables in
+                            (("moe", MOE), ("quant", QUANT), ("transpose", TRANSPOSE), ("engram", ENGRAM),
+                             ("mhc", MHC)) for name, table in tables.items()}
+
+# Public callables of the kernels modules that take no user tensors: not entry points of an op.
+NOT_ENTRY_POINTS = {
+    "moe.config_for_experts": "picks a TileLang static configuration from E (checked by topk_gate)",
+    "moe.default_chunk_batches": "a chunk size from the pair count",
+    "moe.tma_padded_rows": "the sf layout's arithmetic",
+    "moe.is_tma_column_major": "a layout predicate",
+    "moe.column_major_zeros": "an allocator for the sf layout",
+    "quant.fast_paths": "which fast paths a TileLang configuration compiles",
+    "quant.magic_divisor": "host arithmetic for a kernel argument",
+    "transpose.vector_tile": "a TileLang tile size",
+    "transpose.tile_side": "a TileLang tile size",
+}
+
+# -- which functions, in which implementations ----------------------------------------------------------
+
+
+def _registered_functions() -> set[str]:
+    """family.attr of every kernels.* target the registry declares, forward and backward."""
+    names = set()
+    for spec in registry.all_specs():
+        impls = list(spec.impls.values()) + (list(spec.backward.impls.values()) if spec.backward else [])
+        for impl in impls:
+            target = impl.target if isinstance(impl.target, str) else getattr(impl.target, "target", None)
+            if not isinstance(target, str) or not target.startswith("kernels."):
+                continue  # a user's own implementation, or a callable: not ours to table
+            module, _, attr = target.partition(":")
+            names.add(f"{module.rsplit('.', 1)[1]}.{attr}")
+    return names
+
+
+def _kernel_modules():
+    for package in (kernels, kernels.torch):
+        for info in pkgutil.iter_modules(package.__path__):
+            if not info.ispkg and not info.name.startswith("_") and info.name != "precompile":
+                yield importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+def _public_functions() -> set[str]:
+    """family.name of every public callable defined in a kernels module (autograd Functions by .apply)."""
+    builders = {d.build for d in kernel_defs().values()}
+    names = set()
+    for module in _kernel_modules():
+        family = module.__name__.rsplit(".", 1)[1]
+        for name, obj in vars(module).items():
+            if name.startswith("_") or not callable(obj) or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            if obj in builders or (inspect.isclass(obj) and issubclass(obj, tuple)):
+                continue  # a prim_func builder, reached through its KernelDef; a static-configuration NamedTuple
+            if inspect.isclass(obj) and issubclass(obj, torch.autograd.Function):
+                name = f"{name}.apply"
+            names.add(f"{family}.{name}")
+    return names
+
+
+def test_every_public_kernel_function_has_a_table():
+    registered = _registered_functions()
+    public = _public_functions()
+    assert registered <= public | set(TABLES), "registered targets missing from the kernels modules"
+    missing = sorted((registered | public) - set(TABLES) - set(NOT_ENTRY_POINTS))
+    assert not missing, f"these public kernel functions lack a bad-input table in {__file__}: {missing}"
+    stale = sorted(set(NOT_ENTRY_POINTS) - public)
+    assert not stale, f"NOT_ENTRY_POINTS names functions that no longer exist: {stale}"
+
+
+def _function(impl: str, key: str) -> Callable[..., Any]:
+    family, _, attr = key.partition(".")
+    module_name = f"kernels.torch.{family}" if impl == "torch" else f"kernels.{family}"
+    if importlib.util.find_spec(module_name) is None:
+        pytest.skip(f"{module_name} does not exist (yet)")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            if key in _registered_functions():
+                pytest.fail(f"{module_name} lacks {attr}, which the registry names")
+            pytest.skip(f"{module_name} has no {attr}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _call(table: Table, fn: Callable[..., Any], args: dict[str, Any]):
+    if table.positional is not None:
+        return fn(*(args[n] for n in table.positional))
+    return fn(**args)
+
+
+def _on(device: torch.device, args: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+
+
+def _snapshot(args: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone(memory_format=torch.contiguous_format) for k, v in args.items()
+            if isinstance(v, torch.Tensor) and v.device.type != "meta"}
+
+
+def _assert_untouched(args: dict[str, Any], before: dict[str, torch.Tensor]) -> None:
+    for name, old in before.items():
+        new = args[name].detach().clone(memory_format=torch.contiguous_format)
+        assert torch.equal(new.view(torch.uint8), old.view(torch.uint8)), f"a refused call changed {name}"
+
+
+def _expect(bad: Bad, raised: pytest.ExceptionInfo) -> None:
+    assert raised.type is bad.error, f"{bad.id}: raised {raised.type.__name__}: {raised.value}"
+    message = str(raised.value)
+    assert re.match(rf"{re.escape(bad.arg)}\b", message), f"{bad.id}: the message does not start with " \
+                                                          f"{bad.arg!r}: {message}"
+
+
+CASES = [pytest.param(key, bad, id=f"{key}-{bad.id}") for key, table in TABLES.items() for bad in table.bads()]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device, which this machine lacks")
+    return torch.device(name)
+
+
+def _foreign(device: torch.device) -> torch.device:
+    """Another device than the call's: the meta device stands in for one on a CPU-only machine."""
+    return torch.device("cpu") if device.type == "cuda" else torch.device("meta")
+
+
+def _run_bad(impl: str, key: str, bad: Bad, device: torch.device) -> None:
+    table = TABLES[key]
+    fn = _function(impl, key)
+    args = _on(device, table.base())
+    bad.change(args, _foreign(device))
+    before = _snapshot(args)
+    with pytest.raises((TypeError, ValueError)) as raised:
+        _call(table, fn, args)
+    _expect(bad, raised)
+    _assert_untouched(args, before)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("key", list(TABLES))
+def test_the_valid_call_of_each_table_runs(key, device):
+    """Each table's base call is accepted, so its spoiled calls fail for the spoiled argument alone."""
+    device = _device(device)
+    table = TABLES[key]
+    _call(table, _function("torch", key), _on(device, table.base()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("key, bad", CASES)
+def test_eager_function_refuses_bad_input(key, bad, device):
+    _run_bad("torch", key, bad, _device(device))
+
+
+@pytest.mark.parametrize("key, bad", CASES)
+def test_tilelang_wrapper_refuses_bad_input_before_the_device_check(key, bad):
+    """On CPU tensors: the wrappers apply the eager checks first, so they give the eager error."""
+    _run_bad("tilelang", key, bad, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("key", list(TABLES))
+def test_tilelang_wrapper_refuses_cpu_tensors(key):
+    table = TABLES[key]
+    fn = _function("tilelang", key)
+    args = table.base()
+    before = _snapshot(args)
+    with pytest.raises(ValueError, match=rf"^{re.escape(table.reference)} must be on a CUDA device"):
+        _call(table, fn, args)
+    _assert_untouched(args, before)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key, bad", CASES)
+def test_tilelang_wrapper_refuses_bad_input_on_cuda(key, bad):
+    device = _device("cuda")
+    if importlib.util.find_spec("tilelang") is None:
+        pytest.skip("the TileLang kernels need the module 'tilelang', which is not installed")
+    _run_bad("tilelang", key, bad, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", list(TABLES))
+def test_tilelang_wrapper_runs_the_valid_call_on_cuda(key):
+    device = _device("cuda")
+    if importlib.util.find_spec("tilelang") is None:
+        pytest.skip("the TileLang kernels need the module 'tilelang', which is not installed")
+    table = TABLES[key]
+    _call(table, _function("tilelang", key), _on(device, table.base()))
+
+
+def test_swiglu_writes_clamped_count_on_a_valid_call():
+    """The buffer the refusal tests find untouched is one the function does write when the call is valid."""
+    from kernels.torch.quant import swiglu_forward_and_per_token_cast
+
+    args = _swiglu_base()
+    args["x"][0, 0] = 100.0  # l > clamp in a live row (row 0 is slot 0)
+    swiglu_forward_and_per_token_cast(**args)
+    assert args["clamped_count"][0] > 1
