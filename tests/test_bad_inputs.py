@@ -422,6 +422,7 @@ NOT_ENTRY_POINTS = {
     "moe.column_major_zeros": "an allocator for the sf layout",
     "quant.fast_paths": "which fast paths a TileLang configuration compiles",
     "quant.magic_divisor": "host arithmetic for a kernel argument",
+    "quant.token_config": "picks a TileLang static configuration (the tuned one) for a call",
     "transpose.vector_tile": "a TileLang tile size",
     "transpose.tile_side": "a TileLang tile size",
 }
