@@ -24,4 +24,9 @@ KERNELS = {
     "quant.token_cast": "kernels.quant:TOKEN_CAST",
     "quant.block_cast": "kernels.quant:BLOCK_CAST",
     "quant.cast_back": "kernels.quant:CAST_BACK",
+    "mhc.sinkhorn": "kernels.mhc:SINKHORN",
+    "mhc.sinkhorn_bwd": "kernels.mhc:SINKHORN_BWD",
+    "mhc.pre_split_mixes": "kernels.mhc:PRE_SPLIT_MIXES",
+    "mhc.pre_apply_mix": "kernels.mhc:PRE_APPLY_MIX",
+    "mhc.post": "kernels.mhc:POST",
 }
