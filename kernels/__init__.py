@@ -24,4 +24,7 @@ KERNELS = {
     "quant.token_cast": "kernels.quant:TOKEN_CAST",
     "quant.block_cast": "kernels.quant:BLOCK_CAST",
     "quant.cast_back": "kernels.quant:CAST_BACK",
+    "engram.gate_fwd": "kernels.engram:GATE_FWD",
+    "engram.gate_bwd": "kernels.engram:GATE_BWD",
+    "engram.grad_w_reduce": "kernels.engram:GRAD_W_REDUCE",
 }
