@@ -562,21 +562,18 @@ POST = KernelDef("mhc.post", build_post, MIX_CONFIGS)
 # ------------------------------------------------------------------- wrappers
 
 
-def _check_matrices(name: str, t: object) -> torch.Tensor:
-    """x or grad_out of the Sinkhorn kernels: fp32 (..., m, m), 2 <= m <= 8, contiguous, CUDA."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.float32:
-        raise TypeError(f"{name} must have dtype torch.float32, got {t.dtype}")
-    if t.dim() < 2 or t.shape[-1] != t.shape[-2]:
-        raise ValueError(f"{name} must have shape (..., m, m), got {tuple(t.shape)}")
-    if not MIN_M <= t.shape[-1] <= MAX_M:
-        raise ValueError(f"{name} must have {MIN_M} <= m <= {MAX_M}, got m = {t.shape[-1]}")
-    if t.device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
-    return t
+def _check_sinkhorn_args(x: object, repeat: object, eps: object, grad_out: object = None) -> tuple[int, float]:
+    """The eager implementation's checks (same errors, same order), then what the kernels add:
+    fp32 only, CUDA, repeat's int32 range."""
+    eager_mhc._check_x("x", x)
+    if x.dtype != torch.float32:
+        raise TypeError(f"x must have dtype torch.float32 (the TileLang kernels compute in fp32), got {x.dtype}")
+    if grad_out is not None:
+        eager_mhc._check_x("grad_out", grad_out, x.dtype, tuple(x.shape), x.device)
+    repeat, eps = _check_params(repeat, eps)
+    if x.device.type != "cuda":
+        raise ValueError(f"x must be on a CUDA device, got {x.device}")
+    return repeat, eps
 
 
 def _check_params(repeat: object, eps: object) -> tuple[int, float]:
@@ -597,8 +594,7 @@ def _pieces(num_matrices: int, m: int):
 
 def sinkhorn(x: torch.Tensor, repeat: int = DEFAULT_REPEAT, eps: float = DEFAULT_EPS) -> torch.Tensor:
     """P (..., m, m) fp32: softmax + eps, then 2 repeat - 1 column / row normalisations (kernels/torch/mhc.py)."""
-    _check_matrices("x", x)
-    repeat, eps = _check_params(repeat, eps)
+    repeat, eps = _check_sinkhorn_args(x, repeat, eps)
     out = torch.empty_like(x)
     m = x.shape[-1]
     num_matrices = x.numel() // (m * m)
@@ -622,13 +618,7 @@ def checkpoint_interval(steps: int, padded: int) -> tuple[int, int]:
 def sinkhorn_bwd(grad_out: torch.Tensor, x: torch.Tensor, repeat: int = DEFAULT_REPEAT,
                  eps: float = DEFAULT_EPS) -> torch.Tensor:
     """grad_x (..., m, m) fp32: the reverse of sinkhorn's steps, recomputed from x on chip."""
-    _check_matrices("x", x)
-    _check_matrices("grad_out", grad_out)
-    if grad_out.shape != x.shape:
-        raise ValueError(f"grad_out must have x's shape {tuple(x.shape)}, got {tuple(grad_out.shape)}")
-    if grad_out.device != x.device:
-        raise ValueError(f"grad_out must be on {x.device} (where x is), got {grad_out.device}")
-    repeat, eps = _check_params(repeat, eps)
+    repeat, eps = _check_sinkhorn_args(x, repeat, eps, grad_out)
     grad_x = torch.empty_like(x)
     m = x.shape[-1]
     num_matrices = x.numel() // (m * m)

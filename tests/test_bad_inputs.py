@@ -424,6 +424,12 @@ NOT_ENTRY_POINTS = {
     "quant.magic_divisor": "host arithmetic for a kernel argument",
     "quant.token_config": "picks a TileLang static configuration (the tuned one) for a call",
     "transpose.vector_tile": "a TileLang tile size",
+    "engram.apply_unfused": "engram_gate's body, shared by both implementations (covered by engram_gate's table)",
+    "engram.gate_function": "builds the autograd Function of a (fwd, bwd) pair (covered by EngramGate's table)",
+    "engram.config_for_hidden": "picks a TileLang static configuration from H",
+    "engram.forward_tokens_per_block": "launch geometry arithmetic",
+    "engram.backward_blocks": "launch geometry arithmetic",
+    "mhc.checkpoint_interval": "the backward's checkpoint arithmetic",
     "transpose.tile_side": "a TileLang tile size",
 }
 

@@ -140,32 +140,49 @@ def engram_gate_bwd(grad_out: torch.Tensor, x: torch.Tensor, k: torch.Tensor, v:
     return grad_x.to(act), grad_k.to(act), grad_v.to(act), grad_w
 
 
-class EngramGate(torch.autograd.Function):
-    """out = EngramGate.apply(x, k, v, w, eps, clamp), differentiable in x, k, v and w."""
+def gate_function(forward, backward, name: str = "EngramGate") -> type[torch.autograd.Function]:
+    """An autograd Function over a forward and a backward with this module's signatures (this
+    module's own pair, or the TileLang kernels'): ``apply(x, k, v, w, eps, clamp) -> out``,
+    differentiable in x, k, v and w."""
 
-    @staticmethod
-    def forward(ctx, x, k, v, w, eps=1e-6, clamp=1e-6):
-        out, d, g, rx, rk = engram_gate_fwd(x, k, v, w, eps, clamp)
-        ctx.save_for_backward(x, k, v, w, d, g, rx, rk)
-        ctx.eps, ctx.clamp = eps, clamp
-        return out
+    class Gate(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k, v, w, eps=1e-6, clamp=1e-6):
+            out, d, g, rx, rk = forward(x, k, v, w, eps, clamp)
+            ctx.save_for_backward(x, k, v, w, d, g, rx, rk)
+            ctx.eps, ctx.clamp = eps, clamp
+            return out
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, k, v, w, d, g, rx, rk = ctx.saved_tensors
-        grads = engram_gate_bwd(grad_out.contiguous(), x, k, v, w, d, g, rx, rk, ctx.eps, ctx.clamp)
-        return (*grads, None, None)
+        @staticmethod
+        def backward(ctx, grad_out):
+            x, k, v, w, d, g, rx, rk = ctx.saved_tensors
+            grads = backward(grad_out.contiguous(), x, k, v, w, d, g, rx, rk, ctx.eps, ctx.clamp)
+            return (*grads, None, None)
+
+    Gate.__name__ = Gate.__qualname__ = name
+    return Gate
 
 
-def engram_gate(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wh: torch.Tensor, we: torch.Tensor,
-                eps: float = 1e-6, clamp: float = 1e-6) -> torch.Tensor:
-    """Engram gating with the unfused weights: w = wh * we (fp32), through `EngramGate`."""
+def apply_unfused(function: type[torch.autograd.Function], x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  wh: torch.Tensor, we: torch.Tensor, eps: float, clamp: float) -> torch.Tensor:
+    """`function` (a `gate_function`) with the unfused weights: w = wh * we (fp32) under autograd,
+    so that grad_wh = grad_w * we and grad_we = grad_w * wh."""
     # wh and we are checked as w would be: their product would otherwise hide a wrong dtype (promoted to
-    # fp32), shape (broadcast) or device from the checks of EngramGate.
+    # fp32), shape (broadcast) or device from the checks of the Function.
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() == 3:
         weight = _FLOAT64[1] if x.dtype == torch.float64 else _WORKING[1]
         for name, t in (("wh", wh), ("we", we)):
             _check_tensor(name, t, weight, tuple(x.shape[1:]), x.device, "(hc, H)")
-    return EngramGate.apply(x, k, v, (wh * we).contiguous(), eps, clamp)
+    return function.apply(x, k, v, (wh * we).contiguous(), eps, clamp)
+
+
+# out = EngramGate.apply(x, k, v, w, eps, clamp), differentiable in x, k, v and w.
+EngramGate = gate_function(engram_gate_fwd, engram_gate_bwd)
+
+
+def engram_gate(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wh: torch.Tensor, we: torch.Tensor,
+                eps: float = 1e-6, clamp: float = 1e-6) -> torch.Tensor:
+    """Engram gating with the unfused weights: w = wh * we (fp32), through `EngramGate`."""
+    return apply_unfused(EngramGate, x, k, v, wh, we, eps, clamp)

@@ -122,7 +122,7 @@ import strategies.engram
 from tkverify import formats
 from tkverify.case import Case
 from tkverify.policies import Bracket, Comparison, Within
-from tkverify.registry import Backward, OpSpec, register, tilelang_impl, torch_impl
+from tkverify.registry import Backward, BenchShape, OpSpec, register, tilelang_impl, torch_impl
 
 U = 2.0**-24
 RHO = 2.0**-20
@@ -468,6 +468,58 @@ def smooth(case: Case, outputs: dict[str, Any]) -> dict[str, tuple[np.ndarray, n
     return {"out": (x + g * v, np.abs(v) * width + 2.0**-50 * (np.abs(x) + np.abs(g * v)))}
 
 
+# -- benchmark shapes (tkverify bench) ---------------------------------------------------
+
+BENCH_TOKENS, BENCH_HEADS, BENCH_HIDDEN = 4096, 4, 4096
+BENCH_NAME = f"T{BENCH_TOKENS} hc{BENCH_HEADS} H{BENCH_HIDDEN} bf16"
+
+
+def bench_forward_inputs(device: Any, tokens: int = BENCH_TOKENS, heads: int = BENCH_HEADS,
+                         hidden: int = BENCH_HIDDEN) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """(inputs, params) of one forward call: normal x, k, v (bf16), w = wh * we around 1 (fp32)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=device).to(torch.bfloat16)
+
+    w = torch.rand((heads, hidden), generator=gen, device=device) + 0.5
+    return ({"x": normal(tokens, heads, hidden), "k": normal(tokens, heads, hidden), "v": normal(tokens, hidden),
+             "w": w}, {"eps": 1e-6, "clamp": 1e-6})
+
+
+def bench_backward_inputs(device: Any, tokens: int = BENCH_TOKENS, heads: int = BENCH_HEADS,
+                          hidden: int = BENCH_HIDDEN) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """(kwargs, params) of one backward call: the saved d, g, rx, rk from the eager forward on `device`."""
+    from kernels.torch.engram import engram_gate_fwd
+
+    inputs, params = bench_forward_inputs(device, tokens, heads, hidden)
+    _, d, g, rx, rk = engram_gate_fwd(**inputs, **params)
+    gen = torch.Generator(device=device).manual_seed(1)
+    grad_out = torch.randn(inputs["x"].shape, generator=gen, device=device).to(torch.bfloat16)
+    return {"grad_out": grad_out, **inputs, "d": d, "g": g, "rx": rx, "rk": rk}, params
+
+
+def bench_forward_bytes(inputs: dict[str, torch.Tensor], params: dict[str, float]) -> int:
+    """x, k, v, w read; out and d, g, rx, rk written; each once."""
+    x = inputs["x"]
+    rows = x.shape[0] * x.shape[1]
+    return (2 * x.nbytes + inputs["v"].nbytes + inputs["w"].nbytes  # read
+            + x.nbytes + 4 * rows * 4)  # written
+
+
+def bench_backward_bytes(inputs: dict[str, torch.Tensor], params: dict[str, float]) -> int:
+    """grad_out, x, k, v, w, d, g, rx, rk read; grad_x, grad_k, grad_v, grad_w written; each once."""
+    x = inputs["x"]
+    rows = x.shape[0] * x.shape[1]
+    read = 3 * x.nbytes + inputs["v"].nbytes + inputs["w"].nbytes + 4 * rows * 4
+    written = 2 * x.nbytes + inputs["v"].nbytes + inputs["w"].nbytes
+    return read + written
+
+
+FORWARD_BENCH = (BenchShape(BENCH_NAME, bench_forward_inputs, bench_forward_bytes, target=0.9),)
+BACKWARD_BENCH = (BenchShape(BENCH_NAME, bench_backward_inputs, bench_backward_bytes, target=0.8),)
+
+
 register(OpSpec(
     name="engram.gate",
     oracle=ref.engram_gate_fwd,
@@ -508,5 +560,7 @@ register(OpSpec(
         kink_margin=KINK_MARGIN,
         given=given_backward,
         smooth=smooth,
+        bench=BACKWARD_BENCH,
     ),
+    bench=FORWARD_BENCH,
 ))

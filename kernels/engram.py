@@ -1,0 +1,692 @@
+"""Engram gating in TileLang: the forward, the backward and the grad_w reduction.
+
+Signatures, return conventions and argument checks are those of
+``kernels/torch/engram.py`` (its module docstring is the contract; its check
+functions are called here, so the same bad arguments raise the same errors),
+in working precision only: x, k, v (and grad_out) bf16, w and the saved d, g,
+rx, rk fp32.  float64 is refused (TypeError naming the argument; the eager
+module's float64 mode exists for tkverify's consistency check, not for
+kernels).  In addition every tensor must be on one CUDA device, H a multiple
+of 8 with 8 <= H <= 7168 and 1 <= hc <= 8 (ValueError otherwise).  T = 0
+returns empty outputs (grad_w zeros) without a launch.  How the outputs are
+judged: ``tkverify/specs/engram.py``.
+
+Layout shared by both kernels
+-----------------------------
+A *row* is (t, h): H contiguous bf16 of x, k, grad_out.  A CTA of ``threads``
+threads (the static configuration: 128, 512 or 896, serving H <= 1024, 4096,
+7168) walks rows; thread i owns *chunk* i of every row, 8 consecutive
+elements = 16 bytes, so that every load and store of x, k, v, grad_out, out,
+grad_x, grad_k, grad_v is one 16-byte vector (x, k, v, grad_out are read as
+int32 words; bf16 element 2p is the low half of word p) and a warp touches
+512 contiguous bytes.  Threads i >= H / 8 hold zeros and store nothing.
+
+Rows are software-pipelined in registers (the forward always, the backward
+up to 512 threads): the loads of row r + 1 are issued before row r's
+reduction, so that they are in flight across its barrier.
+Per-row sums over H are fp32: each thread adds its 8 terms in order, a
+butterfly of ``__shfl_xor_sync`` adds the warp's 32 partial sums, lane 0 of
+each warp puts its sum in shared memory (two slots, alternating by row, so
+one barrier a row suffices), and after the barrier every warp adds the
+(up to 32) warp sums with the same butterfly: every thread holds the same
+bits, and the result never depends on scheduling.
+
+Forward (kernel engram.gate_fwd)
+--------------------------------
+CTA (token block, head h): the rows (t, h) of ``tokens_per_block``
+consecutive tokens; w[h] stays in registers (8 fp32 a thread) for the whole
+CTA, and the hc CTAs of one token block are adjacent in launch order, so v
+is read from DRAM about once (the other heads find it in L2).  Per row:
+sums x^2, k^2 and x w k (products (x w) k, each rounded), then, in fp32,
+rx = rsqrt(sum x^2 * (1/H) + eps) (CUDA rsqrtf), rk likewise,
+z = ((d rx) rk) s with s = fp32(1/sqrt(H)), a = sign(z) sqrt(max(|z|, c))
+(IEEE sqrtf; a = 0 at z = 0, so g = 1/2 exactly there),
+g = 1 / (1 + expf(-a)) (libdevice's accurate expf, IEEE division: a -> -inf
+gives exactly 0), out = x + g v in fp32 rounded once to bf16 (RN).  Thread 0
+writes d, g, rx, rk.  The grid is one wave of resident CTAs
+(``FWD_RESIDENT`` an SM, asked for through the launch bounds: at most 64
+registers a thread, no spills); the results do not depend on it.
+
+Backward (kernel engram.gate_bwd)
+---------------------------------
+CTA b: the rows of tokens [b tpb, (b + 1) tpb), all heads, in memory order
+(t, h).  Per row: gg = sum G v (one CTA reduction), then from the saved row
+scalars z = ((d rx) rk) s (the forward's own z), live = |z| >= c,
+da/dz = 0.5 rsqrt(max(|z|, c)) where live and exactly 0 elsewhere (no
+0 * inf), gz = (gg (g (1 - g))) da/dz, gd = ((gz rx) rk) s, A = gz z,
+cx = ((A rx) rx) (1/H), ck likewise; per element
+grad_x = G + (gd w) k - cx x, grad_k = (gd w) x - ck k (fp32, rounded once
+to bf16), grad_v += G g over the token's heads in head order (rounded to
+bf16 after the last head), and the grad_w partial P[h, i] += (gd x) k.
+P lives in shared memory (hc H fp32, sized at launch: at most 224 KiB), each
+element owned by one thread (no synchronisation, no atomics), stored as two
+planes of float4 so that a warp's accesses are conflict-free.  At the end of
+its tokens the CTA writes P to partials[b] (num_blocks, hc, H) fp32.
+w and the row's saved scalars are read per row from L1 / L2 (hc H fp32 is
+small and shared by every CTA), issued before the reduction that they wait
+behind.  Tensors are passed flat, with int64 offsets computed once a row.
+Registers (ptxas, sm_90): 123 a thread at 512 threads (one CTA an SM, no
+spills), 72 at 896 (unpipelined; 8 bytes of spills).
+
+grad_w (kernel engram.grad_w_reduce): grad_w[j] = sum over b of
+partials[b, j], j = h H + i, in a fixed order: a CTA of 8 warps takes 128
+consecutive j (a float4 per lane), warp q adds the partials
+b = q, q + 8, q + 16, ... in increasing b, and the 8 warp sums are added in
+warp order.  The number of blocks is a function of T alone
+(``backward_blocks``), so grad_w is bitwise reproducible run to run and
+device to device.  Its error stays within the spec's gamma(T - 1) bound:
+every path from a term to the result has at most T - 1 additions.
+
+No fast math: tilelang compiles without --use_fast_math, so sqrtf and the
+division are IEEE, expf is libdevice's, subnormals are kept; rsqrtf is
+rsqrt.approx (within the spec's 2^-20).  nvcc may contract a * b + c into
+an FMA, which rounds once instead of twice and stays inside the spec's
+intervals.  Every global access is guarded by hand (tilelang's safe-memory
+legalisation is disabled, as in the other families).
+
+Static configurations: gate_fwd and gate_bwd, each by threads (128, 512,
+896); grad_w_reduce one.  T, hc, H, eps, clamp, the block sizes are runtime
+values.
+"""
+
+# No `from __future__ import annotations` here: tilelang evaluates the
+# prim_func parameter annotations, which name the builders' local symbolic sizes.
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+
+from . import _tilelang
+from ._tilelang import KernelDef
+from .torch import engram as eager
+
+WARP = 32
+CHUNK = 8  # bf16 elements per 16-byte chunk (4 int32 words)
+WORDS = CHUNK // 2
+MAX_HEADS = 8
+MAX_HIDDEN = 7168
+THREAD_COUNTS = (128, 512, 896)  # threads of a CTA: rows up to 8 * threads elements
+# Every global access is guarded by hand, and every barrier placed by hand (the reduction's
+# alternating slots need one a row; the automatic insertion would add a second).
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True}
+MAX_BLOCKS_PER_LAUNCH = 2**31 - 1
+
+# Forward CTAs of each configuration resident on one SM (asked for through the launch bounds):
+# the forward's grid is one such wave (the results do not depend on it).
+FWD_RESIDENT = {128: 8, 512: 2, 896: 1}
+BWD_BLOCKS = 256  # backward: at most this many token blocks (grad_w partials); a function of T only
+
+# The backward's rows are software-pipelined (two register buffers) up to this many threads; the
+# largest CTA (896 threads, 72 registers each at most) runs them one after the other.
+BWD_PIPELINE_MAX_THREADS = 512
+
+REDUCE_THREADS = 256
+REDUCE_WARPS = REDUCE_THREADS // WARP
+REDUCE_COLUMNS = WARP * 4  # grad_w elements a reduce CTA takes (a float4 per lane)
+
+
+class GateConfig(NamedTuple):
+    threads: int  # threads of a CTA, one 16-byte chunk of every row each: H <= 8 * threads
+
+
+class ReduceConfig(NamedTuple):
+    pass
+
+
+GATE_CONFIGS = tuple(GateConfig(n) for n in THREAD_COUNTS)
+REDUCE_CONFIGS = (ReduceConfig(),)
+
+
+def config_for_hidden(hidden: int) -> GateConfig:
+    """The smallest CTA whose threads cover a row of H elements, a 16-byte chunk each."""
+    for threads in THREAD_COUNTS:
+        if hidden <= CHUNK * threads:
+            return GateConfig(threads)
+    raise ValueError(f"H = {hidden} exceeds the largest configuration ({CHUNK * THREAD_COUNTS[-1]})")
+
+
+# ------------------------------------------------------------------ TIR helpers
+
+
+def _lo(T, word):
+    """fp32 value of the bf16 in the low half of an int32 word (element 2p)."""
+    return T.reinterpret(T.shift_left(T.Cast("uint32", word), T.uint32(16)), "float32")
+
+
+def _hi(T, word):
+    """fp32 value of the bf16 in the high half of an int32 word (element 2p + 1)."""
+    return T.reinterpret(T.bitwise_and(T.Cast("uint32", word), T.uint32(0xFFFF0000)), "float32")
+
+
+def _macros(T, nw):
+    """(unpack, block_sum, clear, load_weights) macros.
+
+    unpack(words, base, vals): vals[0:8] <- the 8 bf16 of words[base:base + 4], as fp32.
+    clear(bufs, n, value): bufs[i][0:n] <- value, for each buffer of the tuple bufs.
+    load_weights(w, wl, head, hv, tx): wl[0:8] <- chunk tx of row `head` of the flat w, as two float4.
+    block_sum(values, count, red, parity, lane, warp): sums each of values[0:count] over the CTA.
+
+    Warp butterflies, lane 0 of each warp into red[parity, slot, warp], one barrier, then the
+    nw warp sums (padded with zeros to a warp) through the same butterfly in every warp: every
+    thread gets the same bits.  `red` has 2 * count * 32 fp32 (two parities)."""
+
+    @T.macro
+    def unpack(words, base, vals):
+        for p in T.unroll(WORDS):
+            vals[2 * p] = _lo(T, words[base + p])
+            vals[2 * p + 1] = _hi(T, words[base + p])
+
+    @T.macro
+    def block_sum(values, count, red, parity, lane, warp):
+        for i in T.unroll(count):
+            for s in T.unroll(5):
+                values[i] = values[i] + T.shfl_xor(values[i], 16 >> s)
+        if lane == 0:
+            for i in T.unroll(count):
+                red[(parity * count + i) * WARP + warp] = values[i]
+        T.sync_threads()
+        for i in T.unroll(count):
+            values[i] = T.if_then_else(lane < nw, red[(parity * count + i) * WARP + lane], T.float32(0))
+            for s in T.unroll(5):
+                values[i] = values[i] + T.shfl_xor(values[i], 16 >> s)
+
+    @T.macro
+    def clear(bufs, n, value):
+        for buf in bufs:
+            for e in T.unroll(n):
+                buf[e] = value
+
+    @T.macro
+    def load_weights(w, wl, head, hv, tx):
+        for half in T.unroll(2):
+            for e in T.vectorized(CHUNK // 2):
+                wl[half * (CHUNK // 2) + e] = w[(head * hv + tx) * CHUNK + half * (CHUNK // 2) + e]
+
+    return unpack, block_sum, clear, load_weights
+
+
+# ------------------------------------------------------------------ forward
+
+
+def build_gate_fwd(config: GateConfig):
+    """prim_func(x, k, v, w, out, d, g, rx, rk, eps, clamp, scale, inv_h, tokens_per_block, num_blocks).
+
+    x, k, v as int32 words (two bf16 each); block b takes head b % hc of tokens
+    [(b // hc) tpb, (b // hc + 1) tpb)."""
+    T = _tilelang.T()
+    nt = config.threads
+    unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
+    num_tokens, heads, hv, n_w = T.dynamic("num_tokens, heads, hv, n_w")  # hv = H / 8 chunks a row
+
+    @T.macro
+    def load_row(x, k, v, xw, kw, vw, t, h, tx):
+        if tx < hv:
+            for e in T.vectorized(WORDS):
+                xw[e] = x[t, h, tx * WORDS + e]
+            for e in T.vectorized(WORDS):
+                kw[e] = k[t, h, tx * WORDS + e]
+            for e in T.vectorized(WORDS):
+                vw[e] = v[t, tx * WORDS + e]
+
+    @T.macro
+    def process_row(xw, kw, vw, wl, out, d, g, rx, rk, t, h, tx, lane, warp, parity, red, sums, xv, kv, vv, ov,
+                    eps, clamp, scale, inv_h):
+        unpack(xw, 0, xv)
+        unpack(kw, 0, kv)
+        for i in T.unroll(3):
+            sums[i] = T.float32(0)
+        for e in T.unroll(CHUNK):
+            sums[0] = sums[0] + xv[e] * xv[e]
+            sums[1] = sums[1] + kv[e] * kv[e]
+            sums[2] = sums[2] + (xv[e] * wl[e]) * kv[e]
+        block_sum(sums, 3, red, parity, lane, warp)
+        r_x = T.alloc_var("float32", init=T.rsqrt(sums[0] * inv_h + eps))
+        r_k = T.alloc_var("float32", init=T.rsqrt(sums[1] * inv_h + eps))
+        z = T.alloc_var("float32", init=((sums[2] * r_x) * r_k) * scale)
+        root = T.alloc_var("float32", init=T.sqrt(T.max(T.abs(z), clamp)))
+        a = T.alloc_var("float32", init=T.if_then_else(
+            z > T.float32(0), root, T.if_then_else(z < T.float32(0), -root, T.float32(0))))
+        gate = T.alloc_var("float32", init=T.float32(1) / (T.float32(1) + T.exp(-a)))
+        if tx < hv:
+            unpack(vw, 0, vv)
+            for e in T.unroll(CHUNK):
+                ov[e] = T.Cast("bfloat16", xv[e] + gate * vv[e])
+            for e in T.vectorized(CHUNK):
+                out[t, h, tx * CHUNK + e] = ov[e]
+        if tx == 0:
+            d[t, h] = sums[2]
+            g[t, h] = gate
+            rx[t, h] = r_x
+            rk[t, h] = r_k
+
+    @T.prim_func
+    def engram_gate_fwd(
+        x: T.Tensor((num_tokens, heads, hv * WORDS), "int32"),
+        k: T.Tensor((num_tokens, heads, hv * WORDS), "int32"),
+        v: T.Tensor((num_tokens, hv * WORDS), "int32"),
+        w: T.Tensor((n_w,), "float32"),
+        out: T.Tensor((num_tokens, heads, hv * CHUNK), "bfloat16"),
+        d: T.Tensor((num_tokens, heads), "float32"),
+        g: T.Tensor((num_tokens, heads), "float32"),
+        rx: T.Tensor((num_tokens, heads), "float32"),
+        rk: T.Tensor((num_tokens, heads), "float32"),
+        eps: T.float32,
+        clamp: T.float32,
+        scale: T.float32,
+        inv_h: T.float32,
+        tokens_per_block: T.int32,
+        num_blocks: T.int32,
+    ):
+        T.annotate_pass_configs(PASS_CONFIGS)
+        with T.Kernel(num_blocks, threads=nt) as block:
+            T.annotate_min_blocks_per_sm(FWD_RESIDENT[nt])
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            warp = tx // WARP
+            h = T.alloc_var("int32", init=T.truncmod(block, heads))
+            t0 = T.alloc_var("int32", init=T.truncdiv(block, heads) * tokens_per_block)
+            t1 = T.alloc_var("int32", init=T.min(t0 + tokens_per_block, num_tokens))
+            red = T.alloc_shared((2 * 3 * WARP,), "float32")
+            wl = T.alloc_local((CHUNK,), "float32")
+            xa = T.alloc_local((WORDS,), "int32")
+            ka = T.alloc_local((WORDS,), "int32")
+            va = T.alloc_local((WORDS,), "int32")
+            xb = T.alloc_local((WORDS,), "int32")
+            kb = T.alloc_local((WORDS,), "int32")
+            vb = T.alloc_local((WORDS,), "int32")
+            sums = T.alloc_local((3,), "float32")
+            xv = T.alloc_local((CHUNK,), "float32")
+            kv = T.alloc_local((CHUNK,), "float32")
+            vv = T.alloc_local((CHUNK,), "float32")
+            ov = T.alloc_local((CHUNK,), "bfloat16")
+            # Threads past the row (tx >= H / 8) keep zeros: they add nothing to the sums.
+            clear((xa, ka, va, xb, kb, vb), WORDS, 0)
+            clear((wl,), CHUNK, T.float32(0))
+            if tx < hv:
+                load_weights(w, wl, h, hv, tx)
+            if t0 < t1:
+                load_row(x, k, v, xa, ka, va, t0, h, tx)
+            # Two rows an iteration, the next row's loads issued before this row's reduction.
+            for pair in T.serial(T.ceildiv(t1 - t0, 2)):
+                ta = t0 + 2 * pair
+                if ta + 1 < t1:
+                    load_row(x, k, v, xb, kb, vb, ta + 1, h, tx)
+                process_row(xa, ka, va, wl, out, d, g, rx, rk, ta, h, tx, lane, warp, 0, red, sums, xv, kv, vv, ov,
+                            eps, clamp, scale, inv_h)
+                if ta + 1 < t1:
+                    if ta + 2 < t1:
+                        load_row(x, k, v, xa, ka, va, ta + 2, h, tx)
+                    process_row(xb, kb, vb, wl, out, d, g, rx, rk, ta + 1, h, tx, lane, warp, 1, red, sums, xv, kv,
+                                vv, ov, eps, clamp, scale, inv_h)
+
+    return engram_gate_fwd
+
+
+GATE_FWD = KernelDef("engram.gate_fwd", build_gate_fwd, GATE_CONFIGS)
+
+
+# ------------------------------------------------------------------ backward
+
+
+def build_gate_bwd(config: GateConfig):
+    """prim_func(grad_out, x, k, v, w, d, g, rx, rk, grad_x, grad_k, grad_v, partials, num_tokens, heads, hv,
+    clamp, scale, inv_h, tokens_per_block, num_blocks), every tensor flat (hv = H / 8).
+
+    grad_out, x, k, v as int32 words; block b takes every row of tokens [b tpb, (b + 1) tpb) and
+    writes its grad_w partial sums to partials[b]."""
+    T = _tilelang.T()
+    nt = config.threads
+    pipelined = nt <= BWD_PIPELINE_MAX_THREADS
+    unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
+    n_rows, n_words, n_v, n_w, n_parts = T.dynamic("n_rows, n_words, n_v, n_w, n_parts")
+
+    @T.macro
+    def load_row(grad_out, x, k, v, gw, xw, kw, vw, row, tok, tx, hv):
+        # the row's chunk tx (int64 offsets: T hc H may exceed 2^31)
+        if tx < hv:
+            base = T.Cast("int64", row) * hv + tx
+            vbase = T.Cast("int64", tok) * hv + tx
+            for e in T.vectorized(WORDS):
+                gw[e] = grad_out[base * WORDS + e]
+            for e in T.vectorized(WORDS):
+                xw[e] = x[base * WORDS + e]
+            for e in T.vectorized(WORDS):
+                kw[e] = k[base * WORDS + e]
+            for e in T.vectorized(WORDS):
+                vw[e] = v[vbase * WORDS + e]
+
+    @T.macro
+    def process_row(gw, xw, kw, vw, w, d, g, rx, rk, grad_x, grad_k, grad_v, part, red, row, tok, head, tx, lane,
+                    warp, parity, wl, sc, sums, pw, gvacc, ox, ok, heads, hv, clamp, scale, inv_h):
+        # w and the saved scalars are needed only after the reduction: their loads (L1 / L2) overlap it.
+        if tx < hv:
+            load_weights(w, wl, head, hv, tx)
+        sc[0] = d[row]
+        sc[1] = g[row]
+        sc[2] = rx[row]
+        sc[3] = rk[row]
+        sums[0] = T.float32(0)
+        for p in T.unroll(WORDS):
+            sums[0] = sums[0] + _lo(T, gw[p]) * _lo(T, vw[p])
+            sums[0] = sums[0] + _hi(T, gw[p]) * _hi(T, vw[p])
+        block_sum(sums, 1, red, parity, lane, warp)
+        z = T.alloc_var("float32", init=((sc[0] * sc[2]) * sc[3]) * scale)
+        dadz = T.alloc_var("float32", init=T.if_then_else(
+            T.abs(z) >= clamp, T.float32(0.5) * T.rsqrt(T.max(T.abs(z), clamp)), T.float32(0)))
+        gz = T.alloc_var("float32", init=(sums[0] * (sc[1] * (T.float32(1) - sc[1]))) * dadz)
+        gd = T.alloc_var("float32", init=((gz * sc[2]) * sc[3]) * scale)
+        big_a = T.alloc_var("float32", init=gz * z)
+        cx = T.alloc_var("float32", init=((big_a * sc[2]) * sc[2]) * inv_h)
+        ck = T.alloc_var("float32", init=((big_a * sc[3]) * sc[3]) * inv_h)
+        if tx < hv:
+            base = T.Cast("int64", row) * hv + tx
+            if head == 0:
+                clear((gvacc,), CHUNK, T.float32(0))
+            for p in T.unroll(WORDS):
+                for half in T.unroll(2):
+                    ge = T.if_then_else(half == 0, _lo(T, gw[p]), _hi(T, gw[p]))
+                    xe = T.if_then_else(half == 0, _lo(T, xw[p]), _hi(T, xw[p]))
+                    ke = T.if_then_else(half == 0, _lo(T, kw[p]), _hi(T, kw[p]))
+                    gwe = gd * wl[2 * p + half]
+                    ox[2 * p + half] = T.Cast("bfloat16", (ge + gwe * ke) - cx * xe)
+                    ok[2 * p + half] = T.Cast("bfloat16", gwe * xe - ck * ke)
+                    gvacc[2 * p + half] = gvacc[2 * p + half] + ge * sc[1]
+                    pw[2 * p + half] = (gd * xe) * ke
+            for e in T.vectorized(CHUNK):
+                grad_x[base * CHUNK + e] = ox[e]
+            for e in T.vectorized(CHUNK):
+                grad_k[base * CHUNK + e] = ok[e]
+            # grad_w partial: two float4 planes per (head, chunk), owned by this thread
+            for p in T.unroll(2):
+                for e in T.vectorized(CHUNK // 2):
+                    part[((head * 2 + p) * hv + tx) * 4 + e] = part[((head * 2 + p) * hv + tx) * 4 + e] + pw[p * 4 + e]
+            if head == heads - 1:
+                for e in T.unroll(CHUNK):
+                    ox[e] = T.Cast("bfloat16", gvacc[e])
+                for e in T.vectorized(CHUNK):
+                    grad_v[(T.Cast("int64", tok) * hv + tx) * CHUNK + e] = ox[e]
+
+    @T.prim_func
+    def engram_gate_bwd(
+        grad_out: T.Tensor((n_words,), "int32"),
+        x: T.Tensor((n_words,), "int32"),
+        k: T.Tensor((n_words,), "int32"),
+        v: T.Tensor((n_v,), "int32"),
+        w: T.Tensor((n_w,), "float32"),
+        d: T.Tensor((n_rows,), "float32"),
+        g: T.Tensor((n_rows,), "float32"),
+        rx: T.Tensor((n_rows,), "float32"),
+        rk: T.Tensor((n_rows,), "float32"),
+        grad_x: T.Tensor((2 * n_words,), "bfloat16"),
+        grad_k: T.Tensor((2 * n_words,), "bfloat16"),
+        grad_v: T.Tensor((2 * n_v,), "bfloat16"),
+        partials: T.Tensor((n_parts,), "float32"),
+        num_tokens: T.int32,
+        heads: T.int32,
+        hv: T.int32,
+        clamp: T.float32,
+        scale: T.float32,
+        inv_h: T.float32,
+        tokens_per_block: T.int32,
+        num_blocks: T.int32,
+    ):
+        T.annotate_pass_configs(PASS_CONFIGS)
+        with T.Kernel(num_blocks, threads=nt) as block:
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            warp = tx // WARP
+            t0 = T.alloc_var("int32", init=block * tokens_per_block)
+            t1 = T.alloc_var("int32", init=T.min(t0 + tokens_per_block, num_tokens))
+            r0 = T.alloc_var("int32", init=t0 * heads)
+            r1 = T.alloc_var("int32", init=t1 * heads)
+            red = T.alloc_shared((2 * WARP,), "float32")
+            part = T.alloc_shared((heads * hv * CHUNK,), "float32")  # sized at launch: hc H fp32
+            ga = T.alloc_local((WORDS,), "int32")
+            xa = T.alloc_local((WORDS,), "int32")
+            ka = T.alloc_local((WORDS,), "int32")
+            va = T.alloc_local((WORDS,), "int32")
+            gb = T.alloc_local((WORDS,), "int32")
+            xb = T.alloc_local((WORDS,), "int32")
+            kb = T.alloc_local((WORDS,), "int32")
+            vb = T.alloc_local((WORDS,), "int32")
+            wl = T.alloc_local((CHUNK,), "float32")
+            sc = T.alloc_local((4,), "float32")
+            sums = T.alloc_local((1,), "float32")
+            pw = T.alloc_local((CHUNK,), "float32")
+            gvacc = T.alloc_local((CHUNK,), "float32")
+            ox = T.alloc_local((CHUNK,), "bfloat16")
+            ok = T.alloc_local((CHUNK,), "bfloat16")
+            # Threads past the row (tx >= H / 8) keep zeros: they add nothing to the sums.
+            clear((ga, xa, ka, va, gb, xb, kb, vb), WORDS, 0)
+            clear((wl, gvacc), CHUNK, T.float32(0))
+            if tx < hv:
+                for hh in T.serial(heads):
+                    for p in T.unroll(2):
+                        for e in T.vectorized(CHUNK // 2):
+                            part[((hh * 2 + p) * hv + tx) * 4 + e] = T.float32(0)
+            # (token, head) of rows ra (buffer a) and ra + 1 (buffer b)
+            ta = T.alloc_var("int32", init=t0)
+            ha = T.alloc_var("int32", init=0)
+            tb = T.alloc_var("int32", init=t0)
+            hb = T.alloc_var("int32", init=0)
+            if pipelined:
+                if r0 < r1:
+                    load_row(grad_out, x, k, v, ga, xa, ka, va, r0, t0, tx, hv)
+                for pair in T.serial(T.ceildiv(r1 - r0, 2)):
+                    ra = r0 + 2 * pair
+                    # rows in memory order: (t, h) is followed by (t, h + 1), or by (t + 1, 0)
+                    tb = T.if_then_else(ha + 1 == heads, ta + 1, ta)
+                    hb = T.if_then_else(ha + 1 == heads, 0, ha + 1)
+                    if ra + 1 < r1:
+                        load_row(grad_out, x, k, v, gb, xb, kb, vb, ra + 1, tb, tx, hv)
+                    process_row(ga, xa, ka, va, w, d, g, rx, rk, grad_x, grad_k, grad_v, part, red, ra, ta, ha, tx,
+                                lane, warp, 0, wl, sc, sums, pw, gvacc, ox, ok, heads, hv, clamp, scale, inv_h)
+                    ta = T.if_then_else(hb + 1 == heads, tb + 1, tb)
+                    ha = T.if_then_else(hb + 1 == heads, 0, hb + 1)
+                    if ra + 1 < r1:
+                        if ra + 2 < r1:
+                            load_row(grad_out, x, k, v, ga, xa, ka, va, ra + 2, ta, tx, hv)
+                        process_row(gb, xb, kb, vb, w, d, g, rx, rk, grad_x, grad_k, grad_v, part, red, ra + 1, tb,
+                                    hb, tx, lane, warp, 1, wl, sc, sums, pw, gvacc, ox, ok, heads, hv, clamp, scale,
+                                    inv_h)
+            else:
+                for rr in T.serial(r1 - r0):
+                    load_row(grad_out, x, k, v, ga, xa, ka, va, r0 + rr, ta, tx, hv)
+                    process_row(ga, xa, ka, va, w, d, g, rx, rk, grad_x, grad_k, grad_v, part, red, r0 + rr, ta, ha,
+                                tx, lane, warp, rr % 2, wl, sc, sums, pw, gvacc, ox, ok, heads, hv, clamp, scale,
+                                inv_h)
+                    ta = T.if_then_else(ha + 1 == heads, ta + 1, ta)
+                    ha = T.if_then_else(ha + 1 == heads, 0, ha + 1)
+            if tx < hv:
+                for hh in T.serial(heads):
+                    for p in T.unroll(2):
+                        for e in T.vectorized(CHUNK // 2):
+                            partials[((T.Cast("int64", block) * heads + hh) * hv + tx) * CHUNK + p * 4 + e] = part[
+                                ((hh * 2 + p) * hv + tx) * 4 + e]
+
+    return engram_gate_bwd
+
+
+GATE_BWD = KernelDef("engram.gate_bwd", build_gate_bwd, GATE_CONFIGS)
+
+
+# ------------------------------------------------------------------ grad_w reduction
+
+
+def build_grad_w_reduce(config: ReduceConfig):
+    """prim_func(partials (P, n), grad_w (n,)): grad_w[j] = sum over b of partials[b, j], fixed order.
+
+    n = hc H (a multiple of 4): CTA c takes j in [128 c, 128 c + 128), a float4 per lane; warp q
+    adds b = q, q + 8, ... in increasing order (four loads in flight), then the 8 warp sums are
+    added in warp order."""
+    T = _tilelang.T()
+    num_parts, n4 = T.dynamic("num_parts, n4")
+    unroll = 4
+
+    @T.prim_func
+    def engram_grad_w_reduce(
+        partials: T.Tensor((num_parts, n4 * 4), "float32"),
+        grad_w: T.Tensor((n4 * 4,), "float32"),
+    ):
+        T.annotate_pass_configs(PASS_CONFIGS)
+        with T.Kernel(T.ceildiv(n4, WARP), threads=REDUCE_THREADS) as block:
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            warp = tx // WARP
+            col = T.alloc_var("int32", init=block * WARP + lane)  # float4 column
+            red = T.alloc_shared((REDUCE_WARPS * REDUCE_COLUMNS,), "float32")
+            acc = T.alloc_local((4,), "float32")
+            tmp = T.alloc_local((unroll, 4), "float32")
+            for e in T.unroll(4):
+                acc[e] = T.float32(0)
+            if col < n4:
+                for it in T.serial(T.ceildiv(num_parts, REDUCE_WARPS * unroll)):
+                    for u in T.unroll(unroll):
+                        if (it * unroll + u) * REDUCE_WARPS + warp < num_parts:
+                            for e in T.vectorized(4):
+                                tmp[u, e] = partials[(it * unroll + u) * REDUCE_WARPS + warp, col * 4 + e]
+                    for u in T.unroll(unroll):
+                        if (it * unroll + u) * REDUCE_WARPS + warp < num_parts:
+                            for e in T.unroll(4):
+                                acc[e] = acc[e] + tmp[u, e]
+            for e in T.vectorized(4):
+                red[warp * REDUCE_COLUMNS + lane * 4 + e] = acc[e]
+            T.sync_threads()
+            if tx < REDUCE_COLUMNS:
+                if block * REDUCE_COLUMNS + tx < n4 * 4:
+                    acc[0] = red[tx]
+                    for q in T.unroll(1, REDUCE_WARPS):
+                        acc[0] = acc[0] + red[q * REDUCE_COLUMNS + tx]
+                    grad_w[block * REDUCE_COLUMNS + tx] = acc[0]
+
+    return engram_grad_w_reduce
+
+
+GRAD_W_REDUCE = KernelDef("engram.grad_w_reduce", build_grad_w_reduce, REDUCE_CONFIGS)
+
+
+# ------------------------------------------------------------------ wrappers
+
+
+def _check_working_precision(name: str, t: object) -> None:
+    """The eager checks accept an all-float64 call; the kernels do not."""
+    if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+        raise TypeError(f"{name} must have dtype torch.bfloat16, got {t.dtype} "
+                        "(the TileLang kernels run in working precision only)")
+
+
+def _check_kernel_domain(named: tuple[tuple[str, torch.Tensor], ...], tokens: int, heads: int, hidden: int) -> None:
+    """What the kernels add to the eager checks: CUDA, int32 sizes, H % 8 == 0, H and hc bounds."""
+    for name, t in named:
+        _tilelang.check_tensor(name, t)
+        _tilelang.check_dims_fit_int32(name, t)
+    if hidden % CHUNK != 0 or hidden > MAX_HIDDEN:
+        raise ValueError(f"x: the TileLang kernels need H a multiple of {CHUNK} and at most {MAX_HIDDEN} "
+                         f"(16-byte rows, one chunk a thread), got H = {hidden}")
+    if heads > MAX_HEADS:
+        raise ValueError(f"x: the TileLang kernels support hc <= {MAX_HEADS} heads, got hc = {heads}")
+    if tokens * heads > _tilelang.MAX_DIM:
+        raise ValueError(f"x: T * hc must be at most {_tilelang.MAX_DIM} (int32 row indices), got {tokens * heads}")
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t itself, or a copy where its data is not 16-byte aligned (a view at an odd offset)."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """A bf16 tensor as int32 words (two elements each), last axis halved."""
+    return _aligned(t).view(torch.int32)
+
+
+def _row_constants(hidden: int) -> tuple[float, float]:
+    """(s, 1 / H): the fp32 scale 1 / sqrt(H) and reciprocal of H (each rounded once, from float64)."""
+    return 1.0 / math.sqrt(hidden), 1.0 / hidden
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+
+def forward_tokens_per_block(tokens: int, heads: int, threads: int, multiprocessors: int) -> int:
+    """Tokens a forward CTA takes: about one wave of resident CTAs (the results do not depend on it)."""
+    blocks = max(1, (multiprocessors * FWD_RESIDENT[threads]) // heads)
+    return max(1, -(-tokens // blocks))
+
+
+def backward_blocks(tokens: int) -> tuple[int, int]:
+    """(tokens per block, blocks) of the backward: at most BWD_BLOCKS blocks, a function of T only,
+    so that grad_w's summation order (and bits) never depends on the device."""
+    per_block = max(1, -(-tokens // BWD_BLOCKS))
+    return per_block, -(-tokens // per_block)
+
+
+def engram_gate_fwd(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                    eps: float = 1e-6, clamp: float = 1e-6):
+    """(out bf16 (T, hc, H), d, g, rx, rk fp32 (T, hc)); see kernels/torch/engram.py."""
+    _check_working_precision("x", x)
+    _, eps, clamp = eager._check_inputs(x, k, v, w, eps, clamp)
+    tokens, heads, hidden = x.shape
+    _check_kernel_domain((("x", x), ("k", k), ("v", v), ("w", w)), tokens, heads, hidden)
+    out = torch.empty_like(x)
+    saved = [torch.empty((tokens, heads), dtype=torch.float32, device=x.device) for _ in range(4)]
+    if tokens == 0:
+        return (out, *saved)
+    config = config_for_hidden(hidden)
+    kernel = _tilelang.compiled_kernel(GATE_FWD, config, _tilelang.target_for(x.device))
+    scale, inv_h = _row_constants(hidden)
+    per_block = forward_tokens_per_block(tokens, heads, config.threads, _multiprocessors(x.device.index or 0))
+    num_blocks = -(-tokens // per_block) * heads
+    with torch.cuda.device(x.device):
+        kernel(_words(x), _words(k), _words(v), _aligned(w).view(-1), out, *saved, eps, clamp, scale, inv_h,
+               per_block, num_blocks)
+    return (out, *saved)
+
+
+def engram_gate_bwd(grad_out: torch.Tensor, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+                    d: torch.Tensor, g: torch.Tensor, rx: torch.Tensor, rk: torch.Tensor,
+                    eps: float = 1e-6, clamp: float = 1e-6):
+    """(grad_x, grad_k bf16 (T, hc, H), grad_v bf16 (T, H), grad_w fp32 (hc, H)); see kernels/torch/engram.py.
+
+    grad_w is deterministic: per-block fp32 partial sums reduced in a fixed order."""
+    _check_working_precision("x", x)
+    (act, acc), _, clamp = eager._check_inputs(x, k, v, w, eps, clamp)
+    tokens, heads, hidden = x.shape
+    eager._check_tensor("grad_out", grad_out, act, (tokens, heads, hidden), x.device, "(T, hc, H)")
+    for name, saved in (("d", d), ("g", g), ("rx", rx), ("rk", rk)):
+        eager._check_tensor(name, saved, acc, (tokens, heads), x.device, "(T, hc)")
+    # x first: the eager checks put every tensor on x's device, so x names a wrong one.
+    _check_kernel_domain((("x", x), ("grad_out", grad_out), ("k", k), ("v", v), ("w", w), ("d", d), ("g", g),
+                          ("rx", rx), ("rk", rk)), tokens, heads, hidden)
+    grad_x = torch.empty_like(x)
+    grad_k = torch.empty_like(k)
+    grad_v = torch.empty_like(v)
+    if tokens == 0:
+        return grad_x, grad_k, grad_v, torch.zeros((heads, hidden), dtype=torch.float32, device=x.device)
+    grad_w = torch.empty((heads, hidden), dtype=torch.float32, device=x.device)
+    config = config_for_hidden(hidden)
+    target = _tilelang.target_for(x.device)
+    kernel = _tilelang.compiled_kernel(GATE_BWD, config, target)
+    reduce = _tilelang.compiled_kernel(GRAD_W_REDUCE, ReduceConfig(), target)
+    scale, inv_h = _row_constants(hidden)
+    per_block, num_blocks = backward_blocks(tokens)
+    partials = torch.empty((num_blocks, heads, hidden), dtype=torch.float32, device=x.device)
+    flat = [_words(t).view(-1) for t in (grad_out, x, k, v)] + [_aligned(t).view(-1) for t in (w, d, g, rx, rk)]
+    with torch.cuda.device(x.device):
+        kernel(*flat, grad_x.view(-1), grad_k.view(-1), grad_v.view(-1), partials.view(-1), tokens, heads,
+               hidden // CHUNK, clamp, scale, inv_h, per_block, num_blocks)
+        reduce(partials.view(num_blocks, heads * hidden), grad_w.view(heads * hidden))
+    return grad_x, grad_k, grad_v, grad_w
+
+
+# out = EngramGate.apply(x, k, v, w, eps, clamp) over the TileLang kernels, differentiable in x, k, v and w.
+EngramGate = eager.gate_function(engram_gate_fwd, engram_gate_bwd)
+
+
+def engram_gate(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wh: torch.Tensor, we: torch.Tensor,
+                eps: float = 1e-6, clamp: float = 1e-6) -> torch.Tensor:
+    """Engram gating with the unfused weights: w = wh * we (fp32), through `EngramGate`."""
+    return eager.apply_unfused(EngramGate, x, k, v, wh, we, eps, clamp)
