@@ -1,4 +1,8 @@
-"""Float64 oracle of the mHC Sinkhorn normalisation: the forward and its backward derived by hand.
+"""Float64 oracles of the mHC operators: Sinkhorn (with its backward derived by hand) and the
+three mix operators `pre_split_mixes`, `pre_apply_mix`, `post` (forward only).
+
+Sinkhorn
+--------
 
 The maths (OPS.md, "mhc"), on each (m, m) matrix of x (..., m, m):
 
@@ -28,6 +32,25 @@ a matrix, or a row of it that is all -inf, makes that whole matrix NaN (the
 softmax row turns NaN, and the first column normalisation spreads it to every
 column); a -inf entry in a row with a finite maximum is an ordinary softmax
 weight of 0.  Other matrices of the batch are unaffected.
+
+The mix operators (OPS.md "mhc")
+--------------------------------
+With s the per-entry scale (scale[0] on entries [0, m), scale[1] on [m, 2m),
+scale[2] on [2m, m(m + 2))):
+
+    u    = mixes * s + base
+    pre  = sigmoid(u[:m]) + pre_eps           (a, b, m, 1)
+    post = sigmoid(u[m:2m]) * post_mult       (a, b, m, 1)
+    comb = u[2m:] viewed row-major (m, m)     (a, b, m, m)
+    pre_apply_mix: out[..., h] = sum_i x[..., i, h] mix[..., i, 0]
+    post:          out[..., n, h] = x[..., h] post[..., n, 0] + sum_i comb[..., i, n] residual[..., i, h]
+
+All in float64 from the exactly widened inputs, IEEE arithmetic on the exact
+values: sigmoid(+inf) = 1, sigmoid(-inf) = 0, NaN propagates (inf * 0 is NaN).
+Every product of two inputs (fp32 by fp32, or fp32 by bf16) is exact in
+float64, and the sums are compensated (`references.exact_sum`), so the results
+are within a few float64 ULPs of the exact values.  u's sum and the sigmoid
+round once each in float64 (relative 2^-53, far below any fp32 error).
 """
 
 from __future__ import annotations
@@ -37,7 +60,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from references import as_float64_tensor
+from references import as_float64, as_float64_tensor, exact_sum
 
 DEFAULT_REPEAT = 10
 DEFAULT_EPS = 1e-6
@@ -106,3 +129,79 @@ def sum_deviation(p: Any) -> float:
         return 0.0
     p = p[finite]
     return float(max(np.abs(p.sum(-1) - 1).max(), np.abs(p.sum(-2) - 1).max()))
+
+
+# -- the mix operators -------------------------------------------------------------------
+
+
+def mix_scales(scale: Any, m: int) -> np.ndarray:
+    """The per-entry scale s (m (m + 2),) in float64: scale[0] x m, scale[1] x m, scale[2] x m m."""
+    scale = as_float64(scale)
+    if scale.shape != (3,):
+        raise ValueError(f"scale must have shape (3,), got {scale.shape}")
+    return np.repeat(scale, [m, m, m * m])
+
+
+def sigmoid(u: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-u) in float64 without overflow: e^u / (1 + e^u) for u < 0; +-inf give 1 and 0, NaN stays."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(-np.abs(u))  # in (0, 1]: never overflows
+        return np.where(u >= 0, 1.0 / (1.0 + e), e / (1.0 + e)) + np.where(np.isnan(u), u, 0.0)
+
+
+def mix_logits(mixes: Any, scale: Any, base: Any, m: int) -> np.ndarray:
+    """u = mixes * s + base in float64 (a, b, m (m + 2)); the product is exact, the sum rounds once."""
+    mixes = as_float64(mixes)
+    base = as_float64(base)
+    if mixes.ndim != 3 or mixes.shape[-1] != m * (m + 2):
+        raise ValueError(f"mixes must have shape (a, b, {m * (m + 2)}) for m = {m}, got {mixes.shape}")
+    if base.shape != (m * (m + 2),):
+        raise ValueError(f"base must have shape ({m * (m + 2)},), got {base.shape}")
+    with np.errstate(invalid="ignore"):
+        return mixes * mix_scales(scale, m) + base
+
+
+def pre_split_mixes(mixes: Any, scale: Any, base: Any, m: int, post_mult: float,
+                    pre_eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pre (a, b, m, 1), post (a, b, m, 1), comb (a, b, m, m)) in float64; see the module docstring."""
+    u = mix_logits(mixes, scale, base, m)
+    lead = u.shape[:-1]
+    with np.errstate(invalid="ignore"):
+        pre = sigmoid(u[..., :m]) + float(pre_eps)
+        post = sigmoid(u[..., m:2 * m]) * float(post_mult)
+    return pre.reshape(*lead, m, 1), post.reshape(*lead, m, 1), u[..., 2 * m:].reshape(*lead, m, m)
+
+
+def pre_apply_mix_terms(x: Any, mix: Any) -> list[np.ndarray]:
+    """The m exact products x[..., i, :] * mix[..., i, 0], each (a, b, H)."""
+    x, mix = as_float64(x), as_float64(mix)
+    if x.ndim != 4 or mix.shape != x.shape[:-1] + (1,):
+        raise ValueError(f"x must be (a, b, m, H) and mix (a, b, m, 1), got {x.shape} and {mix.shape}")
+    with np.errstate(invalid="ignore"):
+        return [x[..., i, :] * mix[..., i, :] for i in range(x.shape[-2])]
+
+
+def pre_apply_mix(x: Any, mix: Any) -> np.ndarray:
+    """out (a, b, H) = sum_i x[..., i, :] mix[..., i, 0], exactly (float64, compensated)."""
+    terms = pre_apply_mix_terms(x, mix)
+    x = as_float64(x)
+    return exact_sum(terms, x.shape[:2] + x.shape[3:])
+
+
+def post_terms(x: Any, residual: Any, post: Any, comb: Any) -> list[np.ndarray]:
+    """The m + 1 exact products of output row n, each (a, b, m, H): x post[n], then comb[i, n] residual[i]."""
+    x, residual, post, comb = (as_float64(t) for t in (x, residual, post, comb))
+    if residual.ndim != 4 or x.shape != residual.shape[:2] + residual.shape[3:]:
+        raise ValueError(f"x must be (a, b, H) and residual (a, b, m, H), got {x.shape} and {residual.shape}")
+    m = residual.shape[2]
+    if post.shape != residual.shape[:2] + (m, 1) or comb.shape != residual.shape[:2] + (m, m):
+        raise ValueError(f"post must be (a, b, m, 1) and comb (a, b, m, m), got {post.shape} and {comb.shape}")
+    with np.errstate(invalid="ignore"):
+        terms = [x[..., None, :] * post]
+        terms += [comb[..., i, :, None] * residual[..., i, None, :] for i in range(m)]
+    return terms
+
+
+def post(x: Any, residual: Any, post: Any, comb: Any) -> np.ndarray:  # noqa: A002 - the op's own names
+    """out (a, b, m, H), out[..., n, :] = x post[n] + sum_i comb[i, n] residual[i], exactly."""
+    return exact_sum(post_terms(x, residual, post, comb), tuple(as_float64(residual).shape))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from references import as_float64
+from references import as_float64, exact_sum  # noqa: F401  (exact_sum: moe.exact_sum for its users)
 from references.quant import tma_padded_rows  # the sf layout is defined once, with the scale factors
 
 
@@ -170,23 +170,6 @@ def expand_to_fused(
     if x_sf is None:
         return out
     return out, _scatter_rows(x_sf, token, rows, num_expanded_rows)
-
-
-def exact_sum(terms: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
-    """sum(terms) in float64, compensated (Neumaier): within 2^-53 |S| + 2 (n 2^-53)^2 sum|p| of the exact sum.
-
-    Far closer than any fp32 accumulation can get, even where the terms
-    cancel; a plain float64 sum would lose n 2^-53 sum|p|.  Non-finite sums
-    are IEEE's (the compensation is dropped where the running sum is not finite).
-    """
-    total = np.zeros(shape)
-    compensation = np.zeros(shape)
-    with np.errstate(invalid="ignore"):
-        for term in terms:
-            running = total + term
-            compensation += np.where(np.abs(total) >= np.abs(term), (total - running) + term, (term - running) + total)
-            total = running
-        return np.where(np.isfinite(total), total + compensation, total)
 
 
 def _weighted_rows(x, topk_weights, token_topk_to_pos, x_sf):

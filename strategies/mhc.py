@@ -1,4 +1,7 @@
-"""Strategies for the mHC Sinkhorn normalisation: cases of ``sinkhorn(x, repeat, eps)``.
+"""Strategies for the mHC operators: Sinkhorn, and the mix ops (`pre_split_mixes_cases`,
+`pre_apply_mix_cases`, `post_cases`, described where they are defined).
+
+Sinkhorn: cases of ``sinkhorn(x, repeat, eps)``.
 
 A case is x fp32 of shape (T, m, m) (now and then (2, T, m, m): any leading
 shape is allowed), with params repeat and eps.  Drawn in three layers:
@@ -31,6 +34,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
@@ -142,3 +146,265 @@ def sinkhorn_cases() -> SearchStrategy[Case]:
 def sinkhorn_nonfinite_cases() -> SearchStrategy[Case]:
     """Cases with NaN, +inf, -inf entries and rows all -inf planted in some matrices."""
     return _cases(True)
+
+
+# -- the mix operators ---------------------------------------------------------------------
+#
+# Sizes: m from 2..8 (4 half the time: DeepSeek's), a from {1, 0, 2, 3}, b from the token
+# counts (0, 1, odd), H with the tails of 8-element vectors and of tiles (1, 7, 9, 127, 129,
+# ...) and now and then a model's 4096 or 7168.  a * b * m * H is capped at MIX_ELEMENTS (b is
+# lowered to fit) so that a case stays cheap for the CPU and its float64 oracle.
+#
+# Values: features planted in a subset of the (a, b) rows, each from its own random stream
+# so that shrinking one leaves the others alone.  Magnitudes are chosen so that no exact sum
+# overflows bf16 (the summation bound does not cover overflow): weights are at most 2 in
+# magnitude, and wherever bf16's largest values are planted every weight of the row is scaled
+# by EXTREME_WEIGHT = 2^-5, so that each term is at most 2^-4 2^128 = 2^124 and the at most 9
+# terms of a sum stay below 2^127.2, short of bf16's largest value (~2^128).
+
+MIX_ELEMENTS = 2**18
+HIDDEN = (1, 7, 8, 9, 16, 31, 33, 127, 128, 129, 255, 1000)
+HIDDEN_LARGE = (4096, 4095, 7168, 7169)
+LEADING = (1, 0, 2, 3)
+POST_MULTS = (2.0, 1.0, 0.0, -1.5, 1e-3, 3.5)
+PRE_EPS = (1e-6, 0.0, 1e-2, 1.0)
+BF16_MAX = 3.3895313892515355e38  # (2 - 2^-7) 2^127
+BF16_SUBNORMAL = 2.0**-133  # bf16's subnormal spacing
+EXTREME_WEIGHT = 2.0**-5
+
+SPLIT_FEATURES = ("saturated", "zero_u", "nonfinite", "scale_zero", "subnormal", "huge", "cancel")
+APPLY_FEATURES = ("extremes", "subnormal", "cancel", "zero_weights", "nonfinite")
+POST_FEATURES = ("extremes", "subnormal", "cancel", "identity_comb", "zero_comb", "zero_post", "nonfinite")
+
+
+@st.composite
+def _mix_sizes(draw, hidden: bool) -> tuple[int, int, int, int]:
+    """(m, a, b, H), b lowered so that a b m H <= MIX_ELEMENTS (H = 1 without `hidden`)."""
+    m = draw(rarely(st.just(4), st.sampled_from(M_VALUES), one_in=2))
+    a = draw(st.sampled_from(LEADING))
+    b = draw(token_counts())
+    h = draw(rarely(st.sampled_from(HIDDEN), st.sampled_from(HIDDEN_LARGE), one_in=6)) if hidden else 1
+    if a * b * m * h > MIX_ELEMENTS:
+        b = max(1, MIX_ELEMENTS // (a * m * h))
+    return m, a, b, h
+
+
+def _rows(rng: np.random.Generator, a: int, b: int) -> np.ndarray:
+    """A bool (a, b) mask of the rows a feature goes to: all, one, or about a third."""
+    kind = rng.integers(0, 3)
+    if kind == 0:
+        return np.ones((a, b), dtype=bool)
+    mask = rng.random((a, b)) < 0.3 if kind == 2 else np.zeros((a, b), dtype=bool)
+    if a * b:
+        mask.flat[rng.integers(0, a * b)] = True
+    return mask
+
+
+def _nonfinite(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """NaN where NaN, +inf, -inf are planted (about one entry in four), else 0; a mask of where."""
+    where = rng.random(shape) < 0.25
+    values = rng.choice(np.array([np.nan, np.inf, -np.inf]), size=shape)
+    return np.where(where, values, 0.0), where
+
+
+def _bf16(values: np.ndarray) -> torch.Tensor:
+    """bf16 rounded from float64 through fp32: exact for every value planted here (all are bf16 values or
+    normal draws, for which the double rounding is immaterial)."""
+    return torch_copy(np.ascontiguousarray(values, dtype=np.float32)).to(torch.bfloat16)
+
+
+def _f32(values: np.ndarray) -> torch.Tensor:
+    return torch_copy(np.ascontiguousarray(values, dtype=np.float32))
+
+
+def _extreme_values(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """bf16's largest and smallest normal values, subnormals, zeros, each signed."""
+    choices = np.array([BF16_MAX, 2.0**-126, BF16_SUBNORMAL, 127 * BF16_SUBNORMAL, 0.0, 2.0**120])
+    return rng.choice(choices, size=shape) * rng.choice(np.array([1.0, -1.0]), size=shape)
+
+
+@st.composite
+def pre_split_mixes_cases(draw) -> Case:
+    """Cases of ``pre_split_mixes(mixes, scale, base, m, post_mult, pre_eps)``.
+
+    Base: mixes normal at a drawn scale 2^-4..2^4, scale entries in +-[1/4, 4], base normal.
+    Features: ``saturated`` (|mixes| 400..2e4: |u| far beyond 90, the sigmoid exactly 0 or 1 in
+    fp32), ``zero_u`` (u exactly 0: base = -mixes * s with few-bit operands, or mixes and base
+    0), ``nonfinite`` (NaN, +-inf in mixes; now and then in base), ``scale_zero`` (a scale entry
+    0: inf * 0 = NaN), ``subnormal`` (mixes and base fp32 subnormals: u and the products in the
+    subnormal range), ``huge`` (|mixes| ~ 2^126 with |scale| >= 2: the product overflows fp32, a
+    fused multiply-add may not), ``cancel`` (base = -RN(mixes * s) in some entries: u is the
+    product's rounding error, which an fma keeps and a product-then-sum loses).
+    """
+    m, a, b, _ = draw(_mix_sizes(False))
+    width = m * (m + 2)
+    post_mult = draw(st.sampled_from(POST_MULTS))
+    pre_eps = draw(st.sampled_from(PRE_EPS))
+    features = draw(st.sets(st.sampled_from(SPLIT_FEATURES), max_size=3))
+    magnitude = 2.0 ** draw(st.integers(-4, 4))
+    seed = draw(seeds())
+
+    rng = np.random.default_rng([seed])
+    mixes = rng.standard_normal((a, b, width)) * magnitude
+    scale = rng.uniform(0.25, 4.0, size=3) * rng.choice(np.array([1.0, -1.0]), size=3)
+    base = rng.standard_normal(width)
+    s = np.repeat(scale, [m, m, m * m])
+    for stream, name in enumerate(SPLIT_FEATURES, start=1):
+        if name not in features:
+            continue
+        frng = np.random.default_rng([seed, stream])
+        rows = _rows(frng, a, b)
+        cols = frng.random(width) < 0.5
+        where = rows[..., None] & cols
+        if name == "saturated":
+            mixes = np.where(where, frng.uniform(400, 2e4, size=mixes.shape) * np.sign(frng.standard_normal(mixes.shape)), mixes)
+        elif name == "zero_u":
+            scale = np.exp2(np.round(np.log2(np.abs(scale)))) * np.sign(scale)  # powers of two
+            s = np.repeat(scale, [m, m, m * m])
+            c = frng.integers(-8, 9, size=width) / 8.0
+            mixes = np.where(where, c, mixes)
+            base = np.where(cols, -c * s, base)
+        elif name == "nonfinite":
+            bad, mask = _nonfinite(frng, mixes.shape)
+            mixes = np.where(rows[..., None] & mask, bad, mixes)
+            if frng.random() < 0.2:
+                base[frng.integers(0, width)] = frng.choice(np.array([np.nan, np.inf, -np.inf]))
+        elif name == "scale_zero":
+            scale[frng.integers(0, 3)] = 0.0
+            s = np.repeat(scale, [m, m, m * m])
+        elif name == "subnormal":
+            tiny = frng.integers(-2**23, 2**23, size=mixes.shape) * 2.0**-149
+            mixes = np.where(where, tiny, mixes)
+            base = np.where(cols, frng.integers(-2**10, 2**10, size=width) * 2.0**-149, base)
+        elif name == "huge":
+            scale = np.sign(scale + 0.0) * np.maximum(np.abs(scale), 2.0)
+            s = np.repeat(scale, [m, m, m * m])
+            mixes = np.where(where, frng.uniform(1.0, 1.99, size=mixes.shape) * 2.0**126
+                             * np.sign(frng.standard_normal(mixes.shape)), mixes)
+        elif name == "cancel" and a * b:
+            first = tuple(np.argwhere(rows)[0])
+            row = np.float32(mixes[first])
+            with np.errstate(over="ignore", invalid="ignore"):
+                product = (row * np.float32(s)).astype(np.float64)  # RN32(mixes * s), per entry
+            base = np.where(cols & np.isfinite(product), -product, base)
+            mixes = np.where(where, row, mixes)
+    case_inputs = {"mixes": _f32(mixes), "scale": _f32(scale), "base": _f32(base)}
+    return Case(params={"m": m, "post_mult": post_mult, "pre_eps": pre_eps}, inputs=case_inputs)
+
+
+def _weights(rng: np.random.Generator, shape: tuple[int, ...], kind: int) -> np.ndarray:
+    """Mixing weights with |w| <= 2: a sigmoid's (0, 1), post's (0, 2), or signed +-1."""
+    if kind == 0:
+        return rng.random(shape)
+    if kind == 1:
+        return 2 * rng.random(shape)
+    return rng.uniform(-1.0, 1.0, size=shape)
+
+
+def _values(rng: np.random.Generator, shape: tuple[int, ...], magnitude: float) -> np.ndarray:
+    return rng.standard_normal(shape) * magnitude
+
+
+def _plant_rows(rng, rows: np.ndarray, x: np.ndarray, weights: list[np.ndarray], name: str) -> None:
+    """Features common to pre_apply_mix and post on stacked rows x (a, b, R, H) weighted by
+    `weights` ((a, b, ...) arrays whose first dims are a, b), in place."""
+    sel = rows
+    if name == "extremes":
+        x[sel] = np.where(rng.random(x[sel].shape) < 0.5, _extreme_values(rng, x[sel].shape), x[sel])
+        for w in weights:
+            w[sel] *= EXTREME_WEIGHT
+    elif name == "subnormal":
+        sub = rng.integers(-127, 128, size=x[sel].shape) * BF16_SUBNORMAL
+        x[sel] = np.where(rng.random(x[sel].shape) < 0.7, sub, x[sel])
+        for w in weights:
+            w[sel] *= np.exp2(-rng.integers(0, 30, size=w[sel].shape))
+    elif name == "nonfinite":
+        bad, mask = _nonfinite(rng, x[sel].shape)
+        x[sel] = np.where(mask & (rng.random(x[sel].shape) < 0.1), bad, x[sel])
+        for w in weights:
+            bad, mask = _nonfinite(rng, w[sel].shape)
+            w[sel] = np.where(mask & (rng.random(w[sel].shape) < 0.3), bad, w[sel])
+
+
+@st.composite
+def pre_apply_mix_cases(draw) -> Case:
+    """Cases of ``pre_apply_mix(x bf16 (a, b, m, H), mix f32 (a, b, m, 1))``.
+
+    Base: x normal at 2^-4..2^4, mix from (0, 1) (a sigmoid's), (0, 2) or +-1.  Features:
+    ``extremes`` (bf16's largest and smallest values, subnormals and zeros in x, every weight
+    scaled by 2^-5), ``subnormal`` (bf16 subnormals times weights down to 2^-30: products in fp32's
+    subnormal range), ``cancel`` (rows in equal pairs with opposite weights: for even m the exact
+    sum is 0 and fp32 may leave a residue within the bound), ``zero_weights`` (0 and -0 weights,
+    which meet infinities as NaN), ``nonfinite`` (NaN, +-inf in x and mix).
+    """
+    m, a, b, h = draw(_mix_sizes(True))
+    features = draw(st.sets(st.sampled_from(APPLY_FEATURES), max_size=3))
+    magnitude = 2.0 ** draw(st.integers(-4, 4))
+    kind = draw(st.integers(0, 2))
+    seed = draw(seeds())
+
+    rng = np.random.default_rng([seed])
+    x = _values(rng, (a, b, m, h), magnitude)
+    mix = _weights(rng, (a, b, m, 1), kind)
+    for stream, name in enumerate(APPLY_FEATURES, start=1):
+        if name not in features or not a * b:
+            continue
+        frng = np.random.default_rng([seed, stream])
+        rows = _rows(frng, a, b)
+        if name == "cancel":
+            pairs = np.arange(m // 2) * 2
+            x[:, :, pairs + 1] = np.where(rows[..., None, None], x[:, :, pairs], x[:, :, pairs + 1])
+            mix[:, :, pairs + 1] = np.where(rows[..., None, None], -mix[:, :, pairs], mix[:, :, pairs + 1])
+        elif name == "zero_weights":
+            zero = rows[..., None, None] & (frng.random(mix.shape) < 0.5)
+            mix = np.where(zero, frng.choice(np.array([0.0, -0.0]), size=mix.shape), mix)
+        else:
+            _plant_rows(frng, rows, x, [mix], name)
+    return Case(params={}, inputs={"x": _bf16(x), "mix": _f32(mix)})
+
+
+@st.composite
+def post_cases(draw) -> Case:
+    """Cases of ``post(x bf16 (a, b, H), residual bf16 (a, b, m, H), post f32 (a, b, m, 1),
+    comb f32 (a, b, m, m))``.
+
+    Base: x and residual normal at 2^-4..2^4, post from (0, 2) (sigmoid * 2) or +-1, comb from
+    (0, 1) or +-1.  Features: ``extremes``, ``subnormal`` and ``nonfinite`` as for
+    pre_apply_mix (on x and residual, scaling post and comb); ``cancel`` (residual rows in equal
+    pairs with opposite comb weights, and x equal to residual row 0 with post = -comb[0, n]: the
+    exact sum is 0 for even m); ``identity_comb`` (comb = I: out_n = x post_n + residual_n),
+    ``zero_comb`` (comb entries 0 and -0), ``zero_post`` (post 0 and -0).
+    """
+    m, a, b, h = draw(_mix_sizes(True))
+    features = draw(st.sets(st.sampled_from(POST_FEATURES), max_size=3))
+    magnitude = 2.0 ** draw(st.integers(-4, 4))
+    kinds = draw(st.tuples(st.sampled_from((1, 2)), st.sampled_from((0, 2))))
+    seed = draw(seeds())
+
+    rng = np.random.default_rng([seed])
+    rows_x = _values(rng, (a, b, m + 1, h), magnitude)  # residual rows, then x as row m
+    post = _weights(rng, (a, b, m, 1), kinds[0])
+    comb = _weights(rng, (a, b, m, m), kinds[1])
+    for stream, name in enumerate(POST_FEATURES, start=1):
+        if name not in features or not a * b:
+            continue
+        frng = np.random.default_rng([seed, stream])
+        rows = _rows(frng, a, b)
+        r4 = rows[..., None, None]
+        if name == "cancel":
+            pairs = np.arange(m // 2) * 2
+            rows_x[:, :, pairs + 1] = np.where(r4, rows_x[:, :, pairs], rows_x[:, :, pairs + 1])
+            comb[:, :, pairs + 1, :] = np.where(r4, -comb[:, :, pairs, :], comb[:, :, pairs + 1, :])
+            if m % 2:  # the odd residual row cancels against x
+                rows_x[:, :, m] = np.where(rows[..., None], rows_x[:, :, m - 1], rows_x[:, :, m])
+                post[..., 0] = np.where(rows[..., None], -comb[:, :, m - 1, :], post[..., 0])
+        elif name == "identity_comb":
+            comb = np.where(r4, np.eye(m), comb)
+        elif name == "zero_comb":
+            comb = np.where(r4 & (frng.random(comb.shape) < 0.5), frng.choice(np.array([0.0, -0.0]), size=comb.shape), comb)
+        elif name == "zero_post":
+            post = np.where(r4, frng.choice(np.array([0.0, -0.0]), size=post.shape), post)
+        else:
+            _plant_rows(frng, rows, rows_x, [post, comb], name)
+    inputs = {"x": _bf16(rows_x[:, :, m]), "residual": _bf16(rows_x[:, :, :m]), "post": _f32(post), "comb": _f32(comb)}
+    return Case(params={}, inputs=inputs)

@@ -332,3 +332,383 @@ def test_gradient_mask_and_scales():
     assert spec_module.mask(case, None)["out"].reshape(-1).tolist() == [False, True]
     scale = spec_module.fd_scale(case)["x"]
     assert torch.isfinite(scale).all() and scale[0].eq(1).all()
+
+
+# == the mix operators: pre_split_mixes, pre_apply_mix, post =================================
+
+SPLIT, APPLY, POST = (registry.get(f"mhc.{n}") for n in ("pre_split_mixes", "pre_apply_mix", "post"))
+BF16 = torch.bfloat16
+
+
+def split_case(mixes, scale, base, m, post_mult=2.0, pre_eps=1e-6) -> Case:
+    return Case({"m": m, "post_mult": post_mult, "pre_eps": pre_eps},
+                {"mixes": torch.tensor(mixes, dtype=F32), "scale": torch.tensor(scale, dtype=F32),
+                 "base": torch.tensor(base, dtype=F32)})
+
+
+def judge(spec, case: Case, actual: dict) -> dict:
+    expected = {**dict(zip(spec.outputs, _tuple(spec.oracle(**case.inputs, **case.params)))),
+                **spec.given(case, actual)}
+    return {name: policy.compare(name, actual[name], expected[name]) for name, policy in spec.outputs.items()}
+
+
+def _tuple(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+# -- the oracles, by hand ----------------------------------------------------------------
+
+
+def test_split_oracle_by_hand_m2():
+    # m = 2: 8 entries; s = (1, 1, 2, 2, 3, 3, 3, 3).  u = mixes * s + base.
+    mixes = [[[0.0, math.log(3), 1.0, -1.0, 1.0, 2.0, 3.0, 4.0]]]
+    base = [0.0, 0.0, -1.0, 2.0, 0.0, 0.0, 0.0, 0.5]
+    pre, post, comb = ref.pre_split_mixes(t64(mixes), t64([1.0, 2.0, 3.0]), t64(base), 2, post_mult=2.0, pre_eps=0.25)
+    assert pre.shape == (1, 1, 2, 1) and post.shape == (1, 1, 2, 1) and comb.shape == (1, 1, 2, 2)
+    assert pre.ravel().tolist() == pytest.approx([0.5 + 0.25, 0.75 + 0.25], rel=1e-15)  # sigmoid(ln 3) = 3/4
+    assert post.ravel().tolist() == pytest.approx([2.0 / (1 + math.exp(-1.0)), 2.0 / (1 + math.exp(-0.0))], rel=1e-15)
+    assert comb[0, 0].tolist() == [[3.0, 6.0], [9.0, 12.5]]  # row-major: entries 2m.. are comb[0, 0], comb[0, 1], ...
+
+
+def test_split_oracle_nonfinite():
+    inf, nan = math.inf, math.nan
+    mixes = [[[inf, -inf, nan, inf, 1.0, 1.0, 1.0, 1.0]]]
+    pre, post, comb = ref.pre_split_mixes(torch.tensor(mixes), torch.tensor([1.0, 0.0, 1.0]), torch.zeros(8),
+                                          2, post_mult=-3.0, pre_eps=1e-6)
+    assert pre.ravel().tolist() == [1.0 + 1e-6, 1e-6]  # sigmoid(+inf) = 1, sigmoid(-inf) = 0
+    assert math.isnan(post.ravel()[0]) and math.isnan(post.ravel()[1])  # NaN, and inf * scale 0
+    assert ref.sigmoid(np.array([-800.0, 800.0])).tolist() == [0.0, 1.0]  # no overflow warning turned NaN
+
+
+def test_apply_oracle_against_fractions():
+    from fractions import Fraction
+
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.randn(2, 1, 3, 5, generator=gen) * 1e3).to(BF16)
+    x[0, 0, 1] = x[0, 0, 0]  # two equal rows with opposite weights: exact cancellation
+    mix = torch.randn(2, 1, 3, 1, generator=gen)
+    mix[0, 0, 1] = -mix[0, 0, 0]
+    mix[1, 0, 2] = 2.0**-100  # a term far below the others' rounding
+    got = ref.pre_apply_mix(x, mix)
+    xs, ws = x.double().numpy(), mix.double().numpy()
+    for idx in np.ndindex(got.shape):
+        a, b, h = idx
+        exact = sum(Fraction(float(xs[a, b, i, h])) * Fraction(float(ws[a, b, i, 0])) for i in range(3))
+        assert Fraction(float(got[idx])) == exact or abs(Fraction(float(got[idx])) - exact) <= abs(exact) * Fraction(1, 2**52)
+
+
+def post_inputs(seed: int, m: int, h: int, b: int = 2):
+    """(x, residual, post = 0, comb = I), bf16 normal rows."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, b, h, generator=gen).to(BF16)
+    residual = torch.randn(1, b, m, h, generator=gen).to(BF16)
+    return x, residual, torch.zeros(1, b, m, 1), torch.eye(m).expand(1, b, m, m).contiguous()
+
+
+def test_post_oracle_identity_comb_and_zero_post():
+    m, h = 3, 7
+    x, residual, zero, eye = post_inputs(12, m, h)
+    gen = torch.Generator().manual_seed(12)
+    assert np.array_equal(ref.post(x, residual, zero, eye), residual.double().numpy())
+    post = torch.rand(1, 2, m, 1, generator=gen)
+    expected = x.double().numpy()[:, :, None, :] * post.double().numpy()
+    assert np.array_equal(ref.post(x, residual, post, torch.zeros(1, 2, m, m)), expected)
+    # comb[i, n] weighs residual row i into output row n: a single 1 at (0, 2) moves row 0 to row 2.
+    comb = torch.zeros(1, 2, m, m)
+    comb[..., 0, 2] = 1.0
+    out = ref.post(x, residual, zero, comb)
+    assert np.array_equal(out[:, :, 2], residual[:, :, 0].double().numpy()) and not out[:, :, :2].any()
+
+
+# -- the eager implementations --------------------------------------------------------------
+
+
+def test_eager_split_shapes_and_empty():
+    for a, b in ((0, 3), (2, 0), (1, 1)):
+        pre, post, comb = impl.pre_split_mixes(torch.zeros(a, b, 24), torch.ones(3), torch.zeros(24), 4, 2.0, 0.0)
+        assert pre.shape == (a, b, 4, 1) and post.shape == (a, b, 4, 1) and comb.shape == (a, b, 4, 4)
+        assert all(t.dtype == F32 and t.is_contiguous() for t in (pre, post, comb))
+        if a * b:
+            assert pre.eq(0.5).all() and post.eq(1.0).all() and comb.eq(0).all()
+
+
+def test_eager_post_and_apply_identities():
+    m = 4
+    x, residual, zero, eye = post_inputs(13, m, 33, b=3)
+    assert torch.equal(impl.post(x, residual, zero, eye), residual)
+    one_hot = torch.zeros(1, 3, m, 1)
+    one_hot[..., 2, 0] = 1.0
+    assert torch.equal(impl.pre_apply_mix(residual, one_hot), residual[:, :, 2])
+
+
+def _mix_inputs():
+    split = (torch.zeros(1, 2, 24), torch.ones(3), torch.zeros(24), 4, 2.0, 1e-6)
+    apply = (torch.zeros(1, 2, 4, 9, dtype=BF16), torch.zeros(1, 2, 4, 1))
+    post = (torch.zeros(1, 2, 9, dtype=BF16), torch.zeros(1, 2, 4, 9, dtype=BF16), torch.zeros(1, 2, 4, 1),
+            torch.zeros(1, 2, 4, 4))
+    return split, apply, post
+
+
+def _replace(args, index, value):
+    return tuple(value if i == index else a for i, a in enumerate(args))
+
+
+_SPLIT_ARGS, _APPLY_ARGS, _POST_ARGS = _mix_inputs()
+_BAD_MIX = [
+    # (function, args, index, bad value, error, the argument named)
+    (impl.pre_split_mixes, _SPLIT_ARGS, 0, [[0.0] * 24], TypeError, "mixes"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 0, torch.zeros(1, 2, 24, dtype=F64), TypeError, "mixes"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 0, torch.zeros(2, 24), ValueError, "mixes"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 0, torch.zeros(1, 2, 25), ValueError, "mixes"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 0, torch.zeros(1, 2, 48)[..., ::2], ValueError, "mixes"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 1, torch.ones(3, dtype=BF16), TypeError, "scale"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 1, torch.ones(4), ValueError, "scale"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 1, torch.ones(6)[::2], ValueError, "scale"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 1, torch.ones(3, device="meta"), ValueError, "scale"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 2, torch.zeros(24, dtype=torch.int32), TypeError, "base"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 2, torch.zeros(1, 24), ValueError, "base"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 2, torch.zeros(48)[::2], ValueError, "base"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 2, torch.zeros(24, device="meta"), ValueError, "base"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 3, 4.0, TypeError, "m"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 3, True, TypeError, "m"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 3, 1, ValueError, "m"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 3, 9, ValueError, "m"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 3, 3, ValueError, "mixes"),  # 3 * 5 != 24
+    (impl.pre_split_mixes, _SPLIT_ARGS, 4, "2", TypeError, "post_mult"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 4, math.inf, ValueError, "post_mult"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 4, 1e39, ValueError, "post_mult"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 5, None, TypeError, "pre_eps"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 5, -1e-6, ValueError, "pre_eps"),
+    (impl.pre_split_mixes, _SPLIT_ARGS, 5, math.nan, ValueError, "pre_eps"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 0, torch.zeros(1, 2, 4, 9), TypeError, "x"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 0, np.zeros((1, 2, 4, 9)), TypeError, "x"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 0, torch.zeros(2, 4, 9, dtype=BF16), ValueError, "x"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 0, torch.zeros(1, 2, 4, 0, dtype=BF16), ValueError, "x"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 0, torch.zeros(1, 2, 1, 9, dtype=BF16), ValueError, "x"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 0, torch.zeros(1, 2, 9, 9, dtype=BF16), ValueError, "x"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 0, torch.zeros(1, 2, 9, 4, dtype=BF16).transpose(2, 3), ValueError, "x"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 1, torch.zeros(1, 2, 4, 1, dtype=BF16), TypeError, "mix"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 1, torch.zeros(1, 2, 4), ValueError, "mix"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 1, torch.zeros(1, 2, 3, 1), ValueError, "mix"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 1, torch.zeros(1, 2, 4, 2)[..., :1], ValueError, "mix"),
+    (impl.pre_apply_mix, _APPLY_ARGS, 1, torch.zeros(1, 2, 4, 1, device="meta"), ValueError, "mix"),
+    (impl.post, _POST_ARGS, 0, torch.zeros(1, 2, 9), TypeError, "x"),
+    (impl.post, _POST_ARGS, 0, torch.zeros(2, 9, dtype=BF16), ValueError, "x"),
+    (impl.post, _POST_ARGS, 0, torch.zeros(1, 2, 0, dtype=BF16), ValueError, "x"),
+    (impl.post, _POST_ARGS, 0, torch.zeros(1, 9, 2, dtype=BF16).transpose(1, 2), ValueError, "x"),
+    (impl.post, _POST_ARGS, 1, torch.zeros(1, 2, 4, 9), TypeError, "residual"),
+    (impl.post, _POST_ARGS, 1, torch.zeros(1, 2, 4, 8, dtype=BF16), ValueError, "residual"),
+    (impl.post, _POST_ARGS, 1, torch.zeros(1, 3, 4, 9, dtype=BF16), ValueError, "residual"),
+    (impl.post, _POST_ARGS, 1, torch.zeros(1, 2, 9, dtype=BF16), ValueError, "residual"),
+    (impl.post, _POST_ARGS, 1, torch.zeros(1, 2, 1, 9, dtype=BF16), ValueError, "residual"),
+    (impl.post, _POST_ARGS, 1, torch.zeros(1, 2, 9, 9, dtype=BF16), ValueError, "residual"),
+    (impl.post, _POST_ARGS, 1, torch.zeros(1, 2, 9, 4, dtype=BF16).transpose(2, 3), ValueError, "residual"),
+    (impl.post, _POST_ARGS, 1, torch.zeros(1, 2, 4, 9, dtype=BF16, device="meta"), ValueError, "residual"),
+    (impl.post, _POST_ARGS, 2, torch.zeros(1, 2, 4, 1, dtype=F64), TypeError, "post"),
+    (impl.post, _POST_ARGS, 2, torch.zeros(1, 2, 4), ValueError, "post"),
+    (impl.post, _POST_ARGS, 2, torch.zeros(1, 2, 4, 2)[..., :1], ValueError, "post"),
+    (impl.post, _POST_ARGS, 2, torch.zeros(1, 2, 4, 1, device="meta"), ValueError, "post"),
+    (impl.post, _POST_ARGS, 3, torch.zeros(1, 2, 4, 4, dtype=BF16), TypeError, "comb"),
+    (impl.post, _POST_ARGS, 3, torch.zeros(1, 2, 4, 3), ValueError, "comb"),
+    (impl.post, _POST_ARGS, 3, torch.zeros(1, 2, 4, 4).transpose(2, 3), ValueError, "comb"),
+    (impl.post, _POST_ARGS, 3, torch.zeros(1, 2, 4, 4, device="meta"), ValueError, "comb"),
+]
+
+
+@pytest.mark.parametrize("fn, args, index, value, error, word", _BAD_MIX,
+                         ids=[f"{c[0].__name__}-{c[5]}-{i}" for i, c in enumerate(_BAD_MIX)])
+def test_mix_bad_arguments(fn, args, index, value, error, word):
+    with pytest.raises(error, match=rf"\b{word}\b"):
+        fn(*_replace(args, index, value))
+
+
+def test_mix_good_arguments_pass_the_checks():
+    """The base arguments of the table above are valid, so each row fails on its own change."""
+    for fn, args in ((impl.pre_split_mixes, _SPLIT_ARGS), (impl.pre_apply_mix, _APPLY_ARGS), (impl.post, _POST_ARGS)):
+        fn(*args)
+
+
+# -- the bounds: what they accept and what they reject ---------------------------------------
+
+
+def test_comb_bracket_takes_the_fma_and_the_two_step_sum():
+    # p = mixes * s is not an fp32 value; base = -RN(p): an fma gives p - RN(p) != 0, mul + add gives 0.
+    mix, s = np.float32(1 + 2.0**-20), np.float32(1 + 2.0**-21 + 2.0**-23)
+    p = float(mix) * float(s)
+    rounded = float(mix * s)
+    assert p != rounded
+    base = [0.0] * 4 + [-rounded] + [0.0] * 3
+    case = split_case([[[0.0] * 4 + [float(mix)] + [0.0] * 3]], [1.0, 1.0, float(s)], base, 2)
+    residue = np.float32(p - rounded)  # exactly representable: the product's rounding error
+    policy = SPLIT.outputs["comb"]
+    for value, ok in ((residue, True), (0.0, True), (2 * residue, False), (-residue, False)):
+        comb = torch.zeros(1, 1, 2, 2)
+        comb[0, 0, 0, 0] = float(value)
+        pre, post, _ = impl.pre_split_mixes(**case.inputs, **case.params)
+        verdict = judge(SPLIT, case, {"pre": pre, "post": post, "comb": comb})
+        assert verdict["comb"].passed is ok, (value, verdict["comb"].message)
+    assert str(policy).startswith("within")
+
+
+def test_saturated_sigmoid_allows_a_flushed_subnormal_but_not_tanh():
+    """sigmoid(-100) ~ 3.7e-44 (an fp32 subnormal): 0 is within TINY.  sigmoid(-30) ~ 9.4e-14:
+    0.5 + 0.5 tanh(-15) rounds to 0 in fp32 and must fail (no relative accuracy)."""
+    case = split_case([[[-100.0, -30.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]]], [1.0, 1.0, 1.0], [0.0] * 8, 2, 1.0, 0.0)
+    pre, post, comb = impl.pre_split_mixes(**case.inputs, **case.params)
+    assert judge(SPLIT, case, {"pre": pre, "post": post, "comb": comb})["pre"].passed
+    flushed = pre.clone()
+    flushed[0, 0, 0, 0] = 0.0
+    assert judge(SPLIT, case, {"pre": flushed, "post": post, "comb": comb})["pre"].passed
+    tanh_form = (0.5 + 0.5 * torch.tanh(torch.tensor([-50.0, -15.0]))).reshape(1, 1, 2, 1)
+    assert tanh_form[0, 0, 1, 0] == 0.0
+    assert not judge(SPLIT, case, {"pre": tanh_form, "post": post, "comb": comb})["pre"].passed
+
+
+def test_split_bracket_demands_nan_and_infinities():
+    case = split_case([[[math.nan, math.inf, math.inf, 0.0, math.inf, -math.inf, 0.0, 0.0]]], [1.0, 0.0, 1.0],
+                      [0.0] * 8, 2, 2.0, 0.0)
+    pre, post, comb = impl.pre_split_mixes(**case.inputs, **case.params)
+    good = judge(SPLIT, case, {"pre": pre, "post": post, "comb": comb})
+    assert all(c.passed for c in good.values()), [c.message for c in good.values()]
+    assert torch.isnan(pre[0, 0, 0]).all() and pre[0, 0, 1].item() == 1.0  # sigmoid(+inf) = 1
+    assert torch.isnan(post[0, 0, 0]).all() and post[0, 0, 1].item() == 1.0  # inf * scale 0 is NaN
+    assert comb[0, 0, 0].tolist() == [math.inf, -math.inf]
+    for name, wrong in (("pre", pre.nan_to_num(0.5)), ("post", post.nan_to_num(0.0)), ("comb", comb.clamp(-1, 1))):
+        assert not judge(SPLIT, case, {"pre": pre, "post": post, "comb": comb, name: wrong})[name].passed
+
+
+def test_wrong_scale_and_transposed_comb_fail():
+    gen = torch.Generator().manual_seed(14)
+    m = 4
+    case = Case({"m": m, "post_mult": 2.0, "pre_eps": 1e-6},
+                {"mixes": torch.randn(1, 3, 24, generator=gen), "scale": torch.tensor([0.5, 1.5, 3.0]),
+                 "base": torch.randn(24, generator=gen)})
+    wrong = dict(case.inputs, scale=torch.tensor([0.5, 1.5, 1.5]))
+    out = dict(zip(SPLIT.outputs, impl.pre_split_mixes(**wrong, **case.params)))
+    verdict = judge(SPLIT, case, out)
+    assert verdict["pre"].passed and verdict["post"].passed and not verdict["comb"].passed
+
+    x = torch.randn(1, 3, 17, generator=gen).to(BF16)
+    residual = torch.randn(1, 3, m, 17, generator=gen).to(BF16)
+    post, comb = torch.rand(1, 3, m, 1, generator=gen), torch.rand(1, 3, m, m, generator=gen)
+    pcase = Case({}, {"x": x, "residual": residual, "post": post, "comb": comb})
+    assert judge(POST, pcase, {"out": impl.post(x, residual, post, comb)})["out"].passed
+    transposed = impl.post(x, residual, post, comb.transpose(-1, -2).contiguous())
+    assert not judge(POST, pcase, {"out": transposed})["out"].passed
+
+
+def test_cancelling_sum_is_judged_by_the_terms():
+    """Equal rows with opposite weights: S = 0, and an fp32 residue within gamma sum|p| passes,
+    one beyond fails; an fp32 output (wrong dtype) fails."""
+    x = torch.full((1, 1, 2, 3), 1.0 + 2.0**-7).to(BF16)
+    mix = torch.tensor([0.1, -0.1]).reshape(1, 1, 2, 1)
+    case = Case({}, {"x": x, "mix": mix})
+    bound = spec_module.given_apply(case, {})["out"]
+    assert np.array_equal(bound.exact, np.zeros((1, 1, 3)))
+    ok = torch.full((1, 1, 3), float(bound.error.max()) * 0.9).to(BF16)
+    far = torch.full((1, 1, 3), float(bound.error.max()) * 4).to(BF16)
+    policy = APPLY.outputs["out"]
+    assert policy.compare("out", ok, bound).passed and not policy.compare("out", far, bound).passed
+    assert not policy.compare("out", torch.zeros(1, 1, 3), bound).passed
+
+
+# -- the strategies promise their features ------------------------------------------------------
+
+
+def _draw_many(strategy, n):
+    cases = []
+
+    @settings(max_examples=n, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=strategy)
+    def run(case):
+        cases.append(case)
+
+    run()
+    return cases
+
+
+def test_split_strategy_features():
+    seen, ms = set(), set()
+    for case in _draw_many(strat.pre_split_mixes_cases(), 200):
+        m = case.params["m"]
+        ms.add(m)
+        mixes = case.inputs["mixes"]
+        assert mixes.dtype == F32 and mixes.is_contiguous() and mixes.shape[-1] == m * (m + 2)
+        u = ref.mix_logits(**{k: case.inputs[k] for k in ("mixes", "scale", "base")}, m=m)
+        if mixes.shape[0] * mixes.shape[1] == 0:
+            seen.add("empty")
+        with np.errstate(invalid="ignore", over="ignore"):
+            p = mixes.double().numpy() * ref.mix_scales(case.inputs["scale"], m)  # exact
+            two_step = p.astype(np.float32).astype(np.float64) + case.inputs["base"].double().numpy()
+        seen.update({name for name, hit in (
+            ("saturated", (np.abs(u) > 90).any()), ("zero_u", (u == 0).any()),
+            ("nan", np.isnan(u).any()), ("inf", np.isinf(u).any()),
+            ("scale_zero", (case.inputs["scale"] == 0).any()),
+            ("subnormal", ((np.abs(u) < 2.0**-126) & (u != 0)).any()),
+            ("overflow", (np.isfinite(u) & (np.abs(p) > 3.4028234663852886e38)).any()),  # RN(p) is inf
+            ("cancel", ((two_step == 0) & (u != 0)).any()),  # an fma and mul + add differ
+        ) if hit})
+    assert ms == set(range(2, 9))
+    assert {"empty", "saturated", "zero_u", "nan", "inf", "scale_zero", "subnormal", "overflow", "cancel"} <= seen
+
+
+def _sum_features(terms: list[np.ndarray], exact: np.ndarray, values: list[torch.Tensor]) -> set[str]:
+    found = set()
+    v = np.concatenate([t.double().numpy().ravel() for t in values])
+    if (np.abs(v) >= 2.0**127).any():
+        found.add("bf16_max")
+    if ((np.abs(v) < 2.0**-126) & (v != 0)).any():
+        found.add("subnormal")
+    if np.isnan(exact).any() or np.isinf(exact).any():
+        found.add("nonfinite")
+    with np.errstate(invalid="ignore"):
+        magnitude = np.sum([np.abs(t) for t in terms], axis=0)
+        if ((exact == 0) & (magnitude > 0)).any():
+            found.add("cancel")
+    return found
+
+
+def test_apply_and_post_strategy_features():
+    for strategy, spec, rows in ((strat.pre_apply_mix_cases(), APPLY, "x"), (strat.post_cases(), POST, "residual")):
+        seen, hidden = set(), set()
+        for case in _draw_many(strategy, 150):
+            t = case.inputs[rows]
+            assert t.dtype == BF16 and all(v.is_contiguous() for v in case.inputs.values())
+            assert t.numel() <= strat.MIX_ELEMENTS
+            hidden.add(t.shape[-1])
+            if t.numel() == 0:
+                seen.add("empty")
+                continue
+            terms = ref.pre_apply_mix_terms(**case.inputs) if spec is APPLY else ref.post_terms(**case.inputs)
+            exact = spec.oracle(**case.inputs)
+            assert np.isfinite(exact[np.isfinite(np.sum([np.abs(p) for p in terms], axis=0))]).all()
+            assert (np.abs(exact[np.isfinite(exact)]) < 2.0**127.5).all()  # no sum beyond bf16
+            seen |= _sum_features(terms, exact, list(case.inputs.values()))
+        assert {"empty", "bf16_max", "subnormal", "nonfinite", "cancel"} <= seen, (spec.name, seen)
+        assert 1 in hidden and any(h % 8 for h in hidden if h > 8) and max(hidden) >= 4095, (spec.name, hidden)
+
+
+def test_benchmark_shapes_run_and_count_their_bytes(monkeypatch):
+    """Every mhc benchmark shape (smaller b here) runs on the eager implementation, and nbytes
+    counts each tensor read and written once."""
+    monkeypatch.setattr(spec_module, "BENCH_TOKENS", 8)
+    cpu = torch.device("cpu")
+    expected = {  # bytes per token (a = 1) at m = 4, H = 7168
+        "mhc.pre_split_mixes": 24 * 4 + (4 + 4 + 16) * 4,
+        "mhc.pre_apply_mix": 4 * 7168 * 2 + 4 * 4 + 7168 * 2,
+        "mhc.post": 7168 * 2 + 4 * 7168 * 2 + 4 * 4 + 16 * 4 + 4 * 7168 * 2,
+    }
+    for name, per_token in expected.items():
+        spec = registry.get(name)
+        (shape,) = spec.bench
+        inputs, params = shape.make(cpu)
+        spec.impls["torch"].function()(**inputs, **params)
+        fixed = (3 + 24) * 4 if name == "mhc.pre_split_mixes" else 0  # scale and base
+        assert shape.nbytes(inputs, params) == 8 * per_token + fixed, name
+    sinkhorn = registry.get("mhc.sinkhorn")
+    inputs, params = sinkhorn.bench[0].make(cpu)
+    assert sinkhorn.bench[0].target is None and sinkhorn.bench[0].nbytes(inputs, params) == 2 * 65536 * 64
+    inputs, params = sinkhorn.backward.bench[0].make(cpu)
+    impl.sinkhorn_bwd(**inputs, **params)
+    assert sinkhorn.backward.bench[0].nbytes(inputs, params) == 3 * 65536 * 64

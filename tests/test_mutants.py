@@ -53,7 +53,7 @@ def test_catalogue_covers_the_issue():
             "swiglu_clamp_one_sided", "swiglu_counter_32bit", "expand_padding_rows_garbage",
             "reduce_accumulates_masked_slots", "engram_eps_outside_sqrt", "engram_grad_x_missing_term",
             "engram_gate_grad_below_clamp", "sinkhorn_one_iteration_fewer", "sinkhorn_rows_columns_swapped",
-            "sinkhorn_backward_missing_step"} <= names
+            "sinkhorn_backward_missing_step", "post_comb_transposed", "pre_split_scale1_on_comb"} <= names
     assert any(n.startswith("ties_away_") for n in names)
 
 

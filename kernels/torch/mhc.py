@@ -1,8 +1,8 @@
-"""Eager PyTorch mHC Sinkhorn normalisation, in working precision (fp32).
+"""Eager PyTorch mHC operators, in working precision (fp32): Sinkhorn and the three mix ops.
 
-The signatures below are the contract of every implementation of the op, the
-TileLang kernel in ``kernels/mhc.py`` included (same tensors, same errors for
-the same bad arguments):
+The signatures below are the contract of every implementation of the ops, the
+TileLang kernels in ``kernels/mhc.py`` included (same tensors, same errors for
+the same bad arguments: a TypeError or ValueError naming the argument):
 
 ``sinkhorn(x, repeat=10, eps=1e-6) -> P``
     x       fp32 (..., m, m), 2 <= m <= 8, contiguous; any number (>= 0) of
@@ -17,16 +17,50 @@ the same bad arguments):
 
 ``Sinkhorn.apply(x, repeat, eps) -> P``: the autograd Function over the two.
 
-Both functions also accept x (and grad_out) in float64 and then compute and
-return float64.  That is not part of the kernel contract: it lets tkverify's
-gradient consistency check differentiate this implementation's own formulas
-in float64.
+Both Sinkhorn functions also accept x (and grad_out) in float64 and then
+compute and return float64.  That is not part of the kernel contract: it lets
+tkverify's gradient consistency check differentiate this implementation's own
+formulas in float64.
 
 Maths (OPS.md "mhc", references/mhc.py): A = softmax(x) + eps; P = A / (column
 sums + eps); repeat - 1 times P = P / (row sums + eps), P = P / (column sums +
 eps).  Backward of P' = P / D along an axis: (G - sum_axis(G P')) / D; of the
 softmax: s (G - sum_row(G s)).  NaN or +inf anywhere in a matrix (or a row
 all -inf) makes the whole matrix NaN, as in the oracle.
+
+``pre_split_mixes(mixes, scale, base, m, post_mult, pre_eps) -> (pre, post, comb)``
+    mixes     fp32 (a, b, m (m + 2)), contiguous (a, b >= 0)
+    scale     fp32 (3,), base fp32 (m (m + 2),): contiguous, on mixes' device
+    m         int, 2 <= m <= 8, with mixes.shape[-1] == m (m + 2)
+    post_mult float, finite and within fp32's range
+    pre_eps   float, finite, >= 0 and within fp32's range
+    u = mixes * s + base, s = scale[0] on entries [0, m), scale[1] on [m, 2m),
+    scale[2] on [2m, m (m + 2)); then
+    pre  fp32 (a, b, m, 1) = sigmoid(u[:m]) + pre_eps
+    post fp32 (a, b, m, 1) = sigmoid(u[m:2m]) * post_mult
+    comb fp32 (a, b, m, m) = u[2m:] viewed row-major as (m, m)
+    u may round once (an fma) or twice (a product, then a sum); sigmoid(+inf)
+    = 1, sigmoid(-inf) = 0, NaN propagates (the judged error model:
+    tkverify/specs/mhc.py).
+
+``pre_apply_mix(x, mix) -> out``
+    x   bf16 (a, b, m, H), 2 <= m <= 8, H >= 1, contiguous
+    mix fp32 (a, b, m, 1), contiguous, on x's device
+    out bf16 (a, b, H) = sum_i x[..., i, :] mix[..., i, 0], accumulated in fp32
+        and rounded once to bf16
+
+``post(x, residual, post, comb) -> out``
+    x        bf16 (a, b, H), H >= 1
+    residual bf16 (a, b, m, H), 2 <= m <= 8
+    post     fp32 (a, b, m, 1); comb fp32 (a, b, m, m); all contiguous, on x's device
+    out      bf16 (a, b, m, H), out[..., n, :] = x post[..., n, 0]
+             + sum_i comb[..., i, n] residual[..., i, :], accumulated in fp32
+             and rounded once to bf16
+
+The mix ops follow IEEE arithmetic on their values (NaN and infinities
+propagate, inf * 0 is NaN) and do not flush subnormals.  Here they are
+written term by term (m is at most 8), never as a matmul, so that no TF32 or
+reduced-precision path can enter on CUDA.
 """
 
 from __future__ import annotations
@@ -42,26 +76,36 @@ DEFAULT_EPS = 1e-6
 ROWS, COLUMNS = -1, -2  # the axis summed by a row / a column normalisation
 
 
+def _check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], device: torch.device | None = None,
+                  device_of: str = "x") -> torch.Tensor:
+    """Type, dtype, device and contiguity of one tensor argument (its shape is the caller's)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {dtypes[0]}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} (where {device_of} is), got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+    return t
+
+
+def _check_m(name: str, m: int) -> None:
+    if not MIN_M <= m <= MAX_M:
+        raise ValueError(f"{name} must have {MIN_M} <= m <= {MAX_M}, got m = {m}")
+
+
 def _check_x(name: str, x: object, dtype: torch.dtype | None = None, shape: tuple[int, ...] | None = None,
              device: torch.device | None = None) -> torch.dtype:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if dtype is None:
-        if x.dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"{name} must have dtype torch.float32, got {x.dtype}")
-    elif x.dtype != dtype:
+    if dtype is not None and isinstance(x, torch.Tensor) and x.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype} (x's), got {x.dtype}")
+    _check_tensor(name, x, (torch.float32, torch.float64) if dtype is None else (dtype,), device)
     if shape is None:
         if x.dim() < 2 or x.shape[-1] != x.shape[-2]:
             raise ValueError(f"{name} must have shape (..., m, m), got {tuple(x.shape)}")
-        if not MIN_M <= x.shape[-1] <= MAX_M:
-            raise ValueError(f"{name} must have {MIN_M} <= m <= {MAX_M}, got m = {x.shape[-1]}")
+        _check_m(name, x.shape[-1])
     elif tuple(x.shape) != shape:
         raise ValueError(f"{name} must have x's shape {shape}, got {tuple(x.shape)}")
-    if device is not None and x.device != device:
-        raise ValueError(f"{name} must be on {device} (where x is), got {x.device}")
-    if not x.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got strides {x.stride()}")
     return x.dtype
 
 
@@ -143,3 +187,95 @@ class Sinkhorn(torch.autograd.Function):
     def backward(ctx, grad_out):
         (x,) = ctx.saved_tensors
         return sinkhorn_bwd(grad_out.contiguous(), x, ctx.repeat, ctx.eps), None, None
+
+
+# -- the mix operators -----------------------------------------------------------------
+
+FP32_MAX = 3.4028234663852886e38
+
+
+def _check_int_m(m: object) -> int:
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral):
+        raise TypeError(f"m must be an int, got {type(m).__name__}")
+    if not MIN_M <= m <= MAX_M:
+        raise ValueError(f"m must satisfy {MIN_M} <= m <= {MAX_M}, got {m}")
+    return int(m)
+
+
+def _check_float(name: str, value: object, nonnegative: bool = False) -> float:
+    """A finite float within fp32's range (a kernel receives it as fp32); >= 0 if `nonnegative`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    value = float(value)
+    if not (math.isfinite(value) and abs(value) <= FP32_MAX):
+        raise ValueError(f"{name} must be finite and within fp32's range, got {value}")
+    if nonnegative and value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {what} = {shape}, got {tuple(t.shape)}")
+
+
+def pre_split_mixes(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, m: int, post_mult: float,
+                    pre_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pre (a, b, m, 1), post (a, b, m, 1), comb (a, b, m, m)), fp32; see the module docstring."""
+    m = _check_int_m(m)
+    width = m * (m + 2)
+    _check_tensor("mixes", mixes, (torch.float32,))
+    if mixes.dim() != 3 or mixes.shape[-1] != width:
+        raise ValueError(f"mixes must have shape (a, b, m (m + 2)) = (a, b, {width}) for m = {m}, "
+                         f"got {tuple(mixes.shape)}")
+    _check_tensor("scale", scale, (torch.float32,), mixes.device, "mixes")
+    _check_shape("scale", scale, (3,), "(3,)")
+    _check_tensor("base", base, (torch.float32,), mixes.device, "mixes")
+    _check_shape("base", base, (width,), "(m (m + 2),)")
+    post_mult = _check_float("post_mult", post_mult)
+    pre_eps = _check_float("pre_eps", pre_eps, nonnegative=True)
+    with torch.no_grad():
+        s = scale.repeat_interleave(torch.tensor([m, m, m * m], device=scale.device))
+        u = mixes * s + base
+        pre = torch.sigmoid(u[..., :m]) + pre_eps
+        post_ = torch.sigmoid(u[..., m:2 * m]) * post_mult
+        lead = tuple(mixes.shape[:2])
+        return (pre.reshape(*lead, m, 1).contiguous(), post_.reshape(*lead, m, 1).contiguous(),
+                u[..., 2 * m:].reshape(*lead, m, m).contiguous())
+
+
+def pre_apply_mix(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """out (a, b, H) bf16 = sum_i x[..., i, :] mix[..., i, 0] in fp32; see the module docstring."""
+    _check_tensor("x", x, (torch.bfloat16,))
+    if x.dim() != 4 or x.shape[-1] < 1:
+        raise ValueError(f"x must have shape (a, b, m, H) with H >= 1, got {tuple(x.shape)}")
+    _check_m("x", x.shape[2])
+    _check_tensor("mix", mix, (torch.float32,), x.device)
+    _check_shape("mix", mix, tuple(x.shape[:3]) + (1,), "(a, b, m, 1)")
+    with torch.no_grad():
+        acc = x[..., 0, :].float() * mix[..., 0, :]
+        for i in range(1, x.shape[2]):
+            acc = acc + x[..., i, :].float() * mix[..., i, :]
+        return acc.to(torch.bfloat16)
+
+
+def post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """out (a, b, m, H) bf16 = x post[n] + sum_i comb[i, n] residual[i] in fp32; see the module docstring."""
+    _check_tensor("x", x, (torch.bfloat16,))
+    if x.dim() != 3 or x.shape[-1] < 1:
+        raise ValueError(f"x must have shape (a, b, H) with H >= 1, got {tuple(x.shape)}")
+    _check_tensor("residual", residual, (torch.bfloat16,), x.device)
+    if residual.dim() != 4:
+        raise ValueError(f"residual must have shape (a, b, m, H), got {tuple(residual.shape)}")
+    _check_m("residual", residual.shape[2])
+    a, b, m, hidden = residual.shape
+    _check_shape("residual", residual, (*x.shape[:2], m, x.shape[2]), "(a, b, m, H) with x's a, b, H")
+    _check_tensor("post", post, (torch.float32,), x.device)
+    _check_shape("post", post, (a, b, m, 1), "(a, b, m, 1)")
+    _check_tensor("comb", comb, (torch.float32,), x.device)
+    _check_shape("comb", comb, (a, b, m, m), "(a, b, m, m)")
+    with torch.no_grad():
+        acc = x.float()[..., None, :] * post
+        for i in range(m):
+            acc = acc + comb[..., i, :, None] * residual[..., i, None, :].float()
+        return acc.to(torch.bfloat16)

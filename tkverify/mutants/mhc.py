@@ -1,4 +1,12 @@
-"""Mutants of the mHC Sinkhorn normalisation (OPS.md "mhc": ``sinkhorn(x, repeat=10, eps=1e-6)``).
+"""Mutants of the mHC operators (OPS.md "mhc"): Sinkhorn, post and pre_split_mixes.
+
+The two mix-op mutants are models (any implementation, on perturbed inputs):
+"comb transposed" is post called with comb's (m, m) blocks transposed, which
+is exactly an implementation that reads comb[n, i] for comb[i, n]; "scale[1]
+on comb" is pre_split_mixes called with scale = (scale[0], scale[1],
+scale[1]), exactly one that scales the comb block by the post block's scale.
+
+Sinkhorn (``sinkhorn(x, repeat=10, eps=1e-6)``):
 
 Declared before the mhc family exists, so that the catalogue says what is
 still to be checked: until "mhc.sinkhorn" is registered they are reported as
@@ -62,6 +70,26 @@ def backward_missing_step(sinkhorn_bwd: Callable[..., Any]) -> Callable[..., Any
     return broken
 
 
+def comb_transposed(impl: Callable[..., Any]) -> Callable[..., Any]:
+    """post with out[n] = x post[n] + sum_i comb[n, i] residual[i] (a symmetric comb hides it)."""
+
+    def broken(x: Any, residual: Any, post: Any, comb: Any) -> Any:
+        return impl(x, residual, post, comb.transpose(-1, -2).contiguous())
+
+    return broken
+
+
+def scale1_on_comb(impl: Callable[..., Any]) -> Callable[..., Any]:
+    """pre_split_mixes scaling the comb entries by scale[1] instead of scale[2]."""
+
+    def broken(mixes: Any, scale: Any, base: Any, m: int, post_mult: float, pre_eps: float) -> Any:
+        wrong = scale.clone()
+        wrong[2] = scale[1]
+        return impl(mixes, wrong, base, m, post_mult, pre_eps)
+
+    return broken
+
+
 _NO_MODEL = "eager only: a compiled kernel's normalisation sweep cannot be edited from Python"
 
 MUTANTS = [
@@ -73,4 +101,8 @@ MUTANTS = [
     Mutant("sinkhorn_backward_missing_step", "mhc.sinkhorn",
            "the Sinkhorn backward leaves out one step of the reverse sweep", backward=True,
            eager=backward_missing_step, note=_NO_MODEL),
+    Mutant("post_comb_transposed", "mhc.post", "post mixes the residual rows with comb[n, i] instead of comb[i, n]",
+           model=comb_transposed),
+    Mutant("pre_split_scale1_on_comb", "mhc.pre_split_mixes",
+           "pre_split_mixes applies scale[1] (the post block's) to the comb block", model=scale1_on_comb),
 ]

@@ -1,4 +1,9 @@
-"""mHC Sinkhorn normalisation (OPS.md, "mhc"): the forward, its backward, and how both are judged.
+"""mHC (OPS.md, "mhc"): the Sinkhorn normalisation (forward and backward) and the three mix
+operators pre_split_mixes, pre_apply_mix and post, and how each is judged.  The mix operators'
+section follows Sinkhorn's; the benchmark shapes are at the end.
+
+Sinkhorn
+========
 
 Signatures (every implementation; the eager one is kernels/torch/mhc.py):
 ``sinkhorn(x, repeat=10, eps=1e-6) -> out`` with x, out fp32 (..., m, m),
@@ -90,9 +95,98 @@ missing reverse step or a wrong sign changes the gradient by the order of
 Gradient checks: no kinks (the op is smooth in finite x), so ``mask`` only
 zeroes the cotangent of matrices with a non-finite input (outside the
 domain; the op's strategy draws none).  Finite-difference step scales
-(`fd_scale`): 1 + |x| 2^-8 per element: logits are unitless, the softmax's
-curvature is on the scale of 1, and a step must stay far above float64's
-resolution of |x| (<= 2^11 in the strategy).
+(`fd_scale`): 1 + |x| FD_RELATIVE per element, FD_RELATIVE = 2^-3.  Logits
+are unitless and the softmax's curvature is on the scale of 1 in x; the step
+must also stay far above float64's resolution of |x| (<= 2^11 in the
+strategy).  gradcheck steps u by GRADCHECK_EPS = 1e-7, so element x_ij moves
+by about 1e-7 s_ij, while x_ij + that step is itself rounded by up to 2^-53
+|x_ij|: a noise of 2^-53 / (1e-7 FD_RELATIVE) ~ 1.1e-9 / FD_RELATIVE of the
+derivative, against gradcheck's atol 1e-7 on Jacobian entries of order 1.
+The truncation error grows as (1e-7 FD_RELATIVE |x| |q|)^2 / 6 (|q| <= ~4,
+the sketch's normal entries), ~1.1e-7 FD_RELATIVE^2 at |x| = 2^11.  2^-3
+keeps both below 1e-8.
+
+Finding (issue 9): with the earlier FD_RELATIVE = 2^-8 the noise term is
+2.8e-7, above atol, and under the dev profile gradcheck failed on a correct
+backward: repeat 1, eps 1e-6, a matrix whose rows are each constant at
+|x| ~ 16..996 (equal_rows + large: a uniform softmax, so every element has
+weight 1/8 and every element's rounding shows).  The hand backward was right:
+the numerical Jacobian approached it as 1/step when the step grew (max
+|N - J| 3.8e-7, 4.4e-8, 6.6e-9 at steps 1e-7, 1e-6, 1e-5, then truncation
+took over), and the directional check beside gradcheck passed.  Over 700
+strategy draws the worst |N - J| / (atol + rtol |J|) was 1.8 with 2^-8 and
+0.075 with 2^-3.  The shrunk case (one matrix, cotangent seed 1) is
+tests/regressions/mhc.sinkhorn-gradcheck-rounding-noise.  The cost: the
+working-precision consistency check (2^-4 fd_scale steps, for kernels that
+take no float64) now steps further at large |x|, so its bound is a little
+looser: 77 of 126 directions informative on 150 ci draws, 81 with 2^-8.
+
+The mix operators
+=================
+Signatures: the docstring of kernels/torch/mhc.py (every implementation's contract).
+
+Non-finite values (decided here): IEEE arithmetic on the exact values.  In
+pre_split_mixes a NaN in mixes, scale or base, or inf * 0 (an infinite mix
+with a zero scale), makes u NaN, and NaN propagates to that entry's output;
+u = +inf gives sigmoid 1 (pre = 1 + pre_eps, post = post_mult), u = -inf
+gives 0 (pre = pre_eps, post = 0 * post_mult = +-0), comb = u itself.  In
+pre_apply_mix and post an infinite input gives an infinite sum or, against
+an opposite infinity or a zero weight, NaN.  The oracle computes exactly
+this, and a NaN expected element must be NaN, an infinite one the same
+infinity.  Subnormals are values like any other: no flush to zero.
+
+pre_split_mixes: brackets from an error model (policy `within`, fp32)
+---------------------------------------------------------------------
+u.  The product p = mixes * s is exact in float64 (24 + 24 bits).  An fp32
+implementation forms u either with one fused multiply-add, RN(p + base), or
+with a product and a sum, RN(RN(p) + base); any implementation may use either
+(CUDA compilers contract a * b + c into an fma by default, eager CPU torch
+does not), so both are allowed everywhere.  Both candidates are computed in
+float64 (RN(p) exactly, the sums within 2^-53 relative); the bracket of u is
+[RN(min - slack), RN(max + slack)] over the two, slack = 2^-52 of the
+magnitude, so it holds one fp32 value or two neighbouring ranges (where the
+product's rounding matters: base ~ -p, the ``cancel`` feature, the fma keeps
+the product's rounding error and the two-step form loses it).  An fp32
+product that overflows while u does not (``huge``) makes the two-step form
+infinite: the bracket then reaches that infinity.  comb is u: judged by
+this bracket, so against the exact value with the allowance of those two
+evaluation orders, and nothing else.
+sigmoid.  sigma is increasing, so the sigmoid of any u in [u_lo, u_hi] lies in
+[sigma(u_lo), sigma(u_hi)]: the rounding of u is propagated through sigma
+exactly, amplified by its derivative (up to 1/4 |u| u at u ~ 0, nothing in
+saturation, where a relative error of u moves sigma by sigma (1 - sigma) |u|
+u).  The fp32 sigmoid itself, 1 / (1 + e^-v) or e^v / (1 + e^v), is modelled
+like Engram's: exp, the addition and the division (or reciprocal) within
+RHO = 2^-20 relative each (8 ULP: expf is 2 ULP, approximate division 2), so
+3 RHO in all, plus an absolute TINY = 2^-126 for results below fp32's normal
+range (e^-v overflowing to inf gives 0 where the exact value is a
+subnormal, a flushed reciprocal likewise).  A fast __expf (2 + 1.16 |v| ULP)
+leaves this model for |v| beyond about 5 and is meant to be reported there;
+so is 0.5 + 0.5 tanh(v / 2), whose absolute error ~2^-25 is no relative bound
+for v << 0.
+pre = RN(sigma + eps): eps is pre_eps or its fp32 rounding (a kernel receives
+an fp32 scalar; torch rounds a Python float to the tensor's dtype), and the
+one addition rounds: bracket [RN(sigma_lo + eps_lo), RN(sigma_hi + eps_hi)]
+(rounding is monotone).  post = RN(sigma * post_mult) likewise, with the
+interval product over post_mult and its fp32 rounding (either sign); a
+kernel that computes post_mult / (1 + e^-v) in one division lands inside.
+The report measures ULPs of all three against the exact float64 values.
+
+pre_apply_mix and post: the summation bound (policy `summation`, bf16)
+--------------------------------------------------------------------
+As reduce_fused's (tkverify/specs/moe.py): every term is a product of an
+fp32 weight and a bf16 value, exact in float64 (32 bits), summed exactly
+(compensated); an fp32 implementation rounds each product once (r = 1) and
+adds the n terms in any order (n = m for pre_apply_mix, m + 1 for post: x
+post[n] is one more term), an fma folding a product into a sum where it
+likes.  Per element
+    |y - S| <= e + 0.5 ulp_bf16(|S| + e),
+    e = gamma(n - 1 + 1) sum |p_k| + (1 + gamma(n - 1)) n 2^-150,
+the last term for products rounded into fp32's subnormal range.  Where terms
+cancel (the ``cancel`` feature: equal rows with opposite weights, S = 0) the
+bound is set by sum |p_k| and the bf16 result may be many ULPs from S.  The
+strategies keep every exact sum short of bf16's overflow (the bound does not
+cover a finite S that rounds to infinity).
 """
 
 from __future__ import annotations
@@ -107,8 +201,16 @@ import torch
 import references.mhc as ref
 import strategies.mhc
 from tkverify.case import Case
-from tkverify.policies import Bracket, Comparison, Within
-from tkverify.registry import Backward, OpSpec, register, tilelang_impl, torch_impl
+from tkverify.policies import (
+    FP32_UNDERFLOW,
+    Bracket,
+    Comparison,
+    ErrorBound,
+    Within,
+    summation,
+    summation_error,
+)
+from tkverify.registry import Backward, BenchShape, OpSpec, register, tilelang_impl, torch_impl
 
 U = 2.0**-24
 RHO = 2.0**-20
@@ -202,10 +304,12 @@ def _nonfinite_matrices(x: np.ndarray) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class SinkhornWithin(Within):
-    """`within` for fp32 outputs; with `sums`, the report's row/column-sum figures as extras."""
+class Fp32Within(Within):
+    """`within` for fp32 outputs (any other dtype fails); with `sums`, Sinkhorn's row/column-sum
+    figures as report extras."""
 
     sums: bool = False
+    bound: str = "the per-matrix bound of the fp32 error analysis"
 
     def compare(self, output: str, actual: Any, expected: Any) -> Comparison:
         if not isinstance(actual, torch.Tensor) or actual.dtype != torch.float32:
@@ -219,7 +323,7 @@ class SinkhornWithin(Within):
         return comp
 
     def __str__(self) -> str:
-        return "within the per-matrix bound of the fp32 error analysis" + (" (+ row/column sums)" if self.sums else "")
+        return f"within {self.bound}" + (" (+ row/column sums)" if self.sums else "")
 
 
 def given_forward(case: Case, actual: dict[str, Any]) -> dict[str, Bracket]:
@@ -246,25 +350,197 @@ def mask(case: Case, margin: float | None) -> dict[str, np.ndarray]:
     return {"out": _nonfinite_matrices(_np(case.inputs["x"]))}
 
 
+FD_RELATIVE = 2.0**-3  # finite-difference step per unit |x|: rounding noise against truncation (docstring)
+
+
 def fd_scale(case: Case) -> dict[str, torch.Tensor]:
     x = _np(case.inputs["x"])
-    return {"x": torch.from_numpy(np.where(np.isfinite(x), 1.0 + np.abs(x) * 2.0**-8, 0.0))}
+    return {"x": torch.from_numpy(np.where(np.isfinite(x), 1.0 + np.abs(x) * FD_RELATIVE, 0.0))}
+
+
+# -- the mix operators ------------------------------------------------------------------
+
+SLACK = 2.0**-52  # float64's error in the bracket ends (sums of two exact values), widened away
+
+
+def _round_outward(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[RN32(lo - slack), RN32(hi + slack)] as float64: every fp32 rounding of a value in [lo, hi]."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        lo = np.where(np.isinf(lo), lo, lo - np.abs(lo) * SLACK)  # inf - inf would be NaN
+        hi = np.where(np.isinf(hi), hi, hi + np.abs(hi) * SLACK)
+        return lo.astype(np.float32).astype(np.float64), hi.astype(np.float32).astype(np.float64)
+
+
+def _both_roundings(value: float) -> tuple[float, float]:
+    """A float parameter and its fp32 rounding, the smaller first (an implementation may use either)."""
+    rounded = float(np.float32(value))
+    return min(value, rounded), max(value, rounded)
+
+
+def logit_bracket(mixes: Any, scale: Any, base: Any, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(exact u, lowest, highest fp32 u): an fma RN(p + base) or a product and a sum RN(RN(p) + base)."""
+    u = ref.mix_logits(mixes, scale, base, m)
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = _np(mixes) * ref.mix_scales(scale, m)  # exact
+        two_step = p.astype(np.float32).astype(np.float64) + _np(base)
+    nan = np.isnan(u) | np.isnan(two_step)
+    lo, hi = _round_outward(np.fmin(u, two_step), np.fmax(u, two_step))
+    return u, np.where(nan, np.nan, lo), np.where(nan, np.nan, hi)
+
+
+def _sigmoid_bracket(u_lo: np.ndarray, u_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The fp32 sigmoid of any u in [u_lo, u_hi] (docstring: 3 RHO relative, TINY absolute)."""
+    return ref.sigmoid(u_lo) * (1 - 3 * RHO) - TINY, ref.sigmoid(u_hi) * (1 + 3 * RHO) + TINY
+
+
+def given_split(case: Case, actual: dict[str, Any]) -> dict[str, Bracket]:
+    """Brackets of pre, post and comb (module docstring)."""
+    inputs, params = case.inputs, case.params
+    m = params["m"]
+    u, lo, hi = logit_bracket(inputs["mixes"], inputs["scale"], inputs["base"], m)
+    lead = u.shape[:-1]
+    pre, post, comb = ref.pre_split_mixes(**inputs, **params)
+    s_lo, s_hi = _sigmoid_bracket(lo[..., :m], hi[..., :m])
+    e_lo, e_hi = _both_roundings(params["pre_eps"])
+    pre_lo, pre_hi = _round_outward(s_lo + e_lo, s_hi + e_hi)
+    q_lo, q_hi = _sigmoid_bracket(lo[..., m:2 * m], hi[..., m:2 * m])
+    with np.errstate(invalid="ignore"):
+        corners = [q * k for q in (q_lo, q_hi) for k in _both_roundings(params["post_mult"])]
+    post_lo, post_hi = _round_outward(np.minimum.reduce(corners), np.maximum.reduce(corners))
+
+    def bracket(exact, low, high, shape):
+        return Bracket(exact=exact, low=low.reshape(shape), high=high.reshape(shape))
+
+    return {"pre": bracket(pre, pre_lo, pre_hi, (*lead, m, 1)), "post": bracket(post, post_lo, post_hi, (*lead, m, 1)),
+            "comb": bracket(comb, lo[..., 2 * m:], hi[..., 2 * m:], (*lead, m, m))}
+
+
+def _sum_bound(exact: np.ndarray, terms: list[np.ndarray]) -> ErrorBound:
+    """The summation bound of n exact products, each rounded once in fp32 (module docstring)."""
+    with np.errstate(invalid="ignore"):
+        magnitude = np.sum([np.abs(t) for t in terms], axis=0) if terms else np.zeros(exact.shape)
+    n = len(terms)
+    return ErrorBound(exact, summation_error(magnitude, n, roundings_per_term=1, absolute=n * FP32_UNDERFLOW), "bf16")
+
+
+def given_apply(case: Case, actual: dict[str, Any]) -> dict[str, ErrorBound]:
+    terms = ref.pre_apply_mix_terms(**case.inputs)
+    return {"out": _sum_bound(ref.pre_apply_mix(**case.inputs), terms)}
+
+
+def given_post(case: Case, actual: dict[str, Any]) -> dict[str, ErrorBound]:
+    terms = ref.post_terms(**case.inputs)
+    return {"out": _sum_bound(ref.post(**case.inputs), terms)}
+
+
+# -- benchmark shapes (target: the share of copy bandwidth; None: judged by time) ---------
+
+BENCH_TOKENS, BENCH_M, BENCH_HIDDEN = 16384, 4, 7168
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _sinkhorn_inputs(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    return {"x": torch.randn(65536, 4, 4, device=device)}, {"repeat": 10, "eps": 1e-6}
+
+
+def _sinkhorn_bwd_inputs(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    inputs, params = _sinkhorn_inputs(device)
+    return {"grad_out": torch.randn_like(inputs["x"]), **inputs}, params
+
+
+def _split_inputs(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    width = BENCH_M * (BENCH_M + 2)
+    inputs = {"mixes": torch.randn(1, BENCH_TOKENS, width, device=device),
+              "scale": torch.rand(3, device=device), "base": torch.randn(width, device=device)}
+    return inputs, {"m": BENCH_M, "post_mult": 2.0, "pre_eps": 1e-6}
+
+
+def _split_nbytes(inputs: dict[str, torch.Tensor], params: dict[str, Any]) -> int:
+    a, b, _ = inputs["mixes"].shape
+    m = params["m"]
+    return _nbytes(*inputs.values()) + a * b * (2 * m + m * m) * 4  # pre, post, comb written
+
+
+def _apply_inputs(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    x = torch.randn(1, BENCH_TOKENS, BENCH_M, BENCH_HIDDEN, device=device, dtype=torch.bfloat16)
+    return {"x": x, "mix": torch.rand(1, BENCH_TOKENS, BENCH_M, 1, device=device)}, {}
+
+
+def _post_inputs(device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    lead = (1, BENCH_TOKENS)
+    return {"x": torch.randn(*lead, BENCH_HIDDEN, device=device, dtype=torch.bfloat16),
+            "residual": torch.randn(*lead, BENCH_M, BENCH_HIDDEN, device=device, dtype=torch.bfloat16),
+            "post": torch.rand(*lead, BENCH_M, 1, device=device) * 2,
+            "comb": torch.rand(*lead, BENCH_M, BENCH_M, device=device)}, {}
+
+
+_SHAPE = f"a 1, b {BENCH_TOKENS}, m {BENCH_M}"
+
+
+def _impls(name: str) -> dict:
+    return {"torch": torch_impl(f"kernels.torch.mhc:{name}"), "tilelang": tilelang_impl(f"kernels.mhc:{name}")}
+
+
+_SPLIT_POLICY = Fp32Within("fp32", bound="the fma-or-two-step bracket of u and the sigmoid model")
+
+register(OpSpec(
+    name="mhc.pre_split_mixes",
+    oracle=ref.pre_split_mixes,
+    strategy=strategies.mhc.pre_split_mixes_cases,
+    outputs={name: _SPLIT_POLICY for name in ("pre", "post", "comb")},
+    impls=_impls("pre_split_mixes"),
+    given=given_split,
+    doc="mHC: u = mixes * scale + base; pre = sigmoid(u[:m]) + pre_eps, post = sigmoid(u[m:2m]) * post_mult, "
+        "comb = u[2m:] as (m, m).",
+    bench=(BenchShape(_SHAPE, _split_inputs, _split_nbytes, target=None),),
+))
+
+def _register_sum(op: str, doc: str, given: Any, make: Any) -> None:
+    """An op that is an fp32 sum rounded once to bf16, judged by the summation bound."""
+    register(OpSpec(
+        name=f"mhc.{op}",
+        oracle=getattr(ref, op),
+        strategy=getattr(strategies.mhc, f"{op}_cases"),
+        outputs={"out": summation("bf16")},
+        impls=_impls(op),
+        given=given,
+        doc=doc,
+        bench=(BenchShape(f"{_SHAPE}, H {BENCH_HIDDEN} bf16", make,
+                          lambda inputs, params: _nbytes(*inputs.values()) + _output_bytes(op, inputs),
+                          target=0.9),),
+    ))
+
+
+def _output_bytes(op: str, inputs: dict[str, torch.Tensor]) -> int:
+    """bf16 (a, b, H) for pre_apply_mix, (a, b, m, H) for post."""
+    return (inputs["x"][:, :, 0] if op == "pre_apply_mix" else inputs["residual"]).numel() * 2
+
+
+_register_sum("pre_apply_mix", "mHC: out = sum_i x[i] * mix[i], fp32 accumulation, bf16 output.", given_apply,
+              _apply_inputs)
+_register_sum("post", "mHC: out[n] = x * post[n] + sum_i comb[i, n] * residual[i], fp32 accumulation, bf16 output.",
+              given_post, _post_inputs)
 
 
 register(OpSpec(
     name="mhc.sinkhorn",
     oracle=ref.sinkhorn,
     strategy=strategies.mhc.sinkhorn_cases,
-    outputs={"out": SinkhornWithin("fp32", sums=True)},
+    outputs={"out": Fp32Within("fp32", sums=True)},
     impls={
         "torch": torch_impl("kernels.torch.mhc:sinkhorn"),
         "tilelang": tilelang_impl("kernels.mhc:sinkhorn"),
     },
     given=given_forward,
     doc="mHC Sinkhorn: softmax + eps, then column / (row, column)* normalisations with + eps.",
+    bench=(BenchShape("x f32 (65536, 4, 4), repeat 10 (target 15 us)", _sinkhorn_inputs,
+                      lambda inputs, params: 2 * _nbytes(inputs["x"]), target=None),),
     backward=Backward(
         inputs=("x",),
-        grads={"grad_x": SinkhornWithin("fp32")},
+        grads={"grad_x": Fp32Within("fp32")},
         outputs=("out",),
         oracle=ref.sinkhorn_bwd,
         forward=ref.sinkhorn,
@@ -276,5 +552,7 @@ register(OpSpec(
         mask=mask,
         fd_scale=fd_scale,
         given=given_backward,
+        bench=(BenchShape("x f32 (65536, 4, 4), repeat 10 (target 15 us)", _sinkhorn_bwd_inputs,
+                          lambda inputs, params: 3 * _nbytes(inputs["x"]), target=None),),
     ),
 ))
