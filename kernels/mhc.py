@@ -74,8 +74,6 @@ grid sizes stay in range.
 
 # No `from __future__ import annotations` here: tilelang evaluates the
 # prim_func parameter annotations, which name the builders' local symbolic sizes.
-import math
-import numbers
 from typing import NamedTuple
 
 import torch
@@ -653,39 +651,10 @@ class Sinkhorn(torch.autograd.Function):
         return sinkhorn_bwd(grad_out.contiguous(), x, ctx.repeat, ctx.eps), None, None
 
 
-def _check_mix_tensor(name: str, t: object, dtype: torch.dtype, ndim: int) -> torch.Tensor:
-    return _tilelang.check_tensor(name, t, dtypes=(dtype,), ndim=ndim)
-
-
-
-def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], layout: str) -> None:
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape {layout} = {shape}, got {tuple(t.shape)}")
-
-
-def _check_same_device(reference: str, t: torch.Tensor, **others: torch.Tensor) -> None:
-    for name, other in others.items():
-        if other.device != t.device:
-            raise ValueError(f"{name} must be on {t.device} (where {reference} is), got {other.device}")
-
-
-def _check_m(m: object) -> int:
-    if isinstance(m, bool) or not isinstance(m, numbers.Integral):
-        raise TypeError(f"m must be an int, got {type(m).__name__}")
-    if not MIN_M <= m <= MAX_M:
-        raise ValueError(f"m must be in [{MIN_M}, {MAX_M}], got {m}")
-    return int(m)
-
-
-def _check_float(name: str, value: object, nonnegative: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    if nonnegative and value < 0.0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
+def _require_cuda(name: str, t: torch.Tensor) -> None:
+    """After the eager checks (which put every tensor on `name`'s device): the kernels need CUDA."""
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
 
 
 def _check_tokens_fit(name: str, t: torch.Tensor, per_token: int) -> None:
@@ -718,18 +687,9 @@ def pre_split_mixes(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor
     u = mixes * s + base (s = scale[0], scale[1], scale[2] on the three segments); pre = sigmoid(u[:m])
     + pre_eps, post = sigmoid(u[m:2m]) * post_mult, comb = u[2m:] as (m, m); sigmoid = 1 / (1 + exp(-u)).
     """
-    m = _check_m(m)
+    m, post_mult, pre_eps = eager_mhc._check_pre_split_mixes_args(mixes, scale, base, m, post_mult, pre_eps)
+    _require_cuda("mixes", mixes)
     width = m * (m + 2)
-    _check_mix_tensor("mixes", mixes, torch.float32, 3)
-    if mixes.shape[-1] != width:
-        raise ValueError(f"mixes must have m*(m+2) = {width} entries in its last dim, got shape {tuple(mixes.shape)}")
-    _check_mix_tensor("scale", scale, torch.float32, 1)
-    _check_shape("scale", scale, (3,), "(3,)")
-    _check_mix_tensor("base", base, torch.float32, 1)
-    _check_shape("base", base, (width,), "(m*(m+2),)")
-    _check_same_device("mixes", mixes, scale=scale, base=base)
-    post_mult = _check_float("post_mult", post_mult)
-    pre_eps = _check_float("pre_eps", pre_eps, nonnegative=True)
     a, b = mixes.shape[:2]
     pre = torch.empty((a, b, m, 1), dtype=torch.float32, device=mixes.device)
     post = torch.empty((a, b, m, 1), dtype=torch.float32, device=mixes.device)
@@ -752,15 +712,9 @@ def pre_apply_mix(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
 
     x bf16 (a, b, m, H), H >= 1, 2 <= m <= 8; mix fp32 (a, b, m, 1).
     """
-    _check_mix_tensor("x", x, torch.bfloat16, 4)
+    eager_mhc._check_pre_apply_mix_args(x, mix)
+    _require_cuda("x", x)
     a, b, m, hidden = x.shape
-    if not MIN_M <= m <= MAX_M:
-        raise ValueError(f"x must have {MIN_M} <= m <= {MAX_M} (dim 2), got shape {tuple(x.shape)}")
-    if hidden < 1:
-        raise ValueError(f"x must have H >= 1 (dim 3), got shape {tuple(x.shape)}")
-    _check_mix_tensor("mix", mix, torch.float32, 4)
-    _check_shape("mix", mix, (a, b, m, 1), "(a, b, m, 1)")
-    _check_same_device("x", x, mix=mix)
     _check_tokens_fit("x", x, m * hidden)
     out = torch.empty((a, b, hidden), dtype=torch.bfloat16, device=x.device)
     tokens = a * b
@@ -778,20 +732,9 @@ def post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torc
     x bf16 (a, b, H), residual bf16 (a, b, m, H), post fp32 (a, b, m, 1), comb fp32 (a, b, m, m).
     """
     post_weights = post
-    _check_mix_tensor("x", x, torch.bfloat16, 3)
+    m = eager_mhc._check_post_args(x, residual, post_weights, comb)
+    _require_cuda("x", x)
     a, b, hidden = x.shape
-    if hidden < 1:
-        raise ValueError(f"x must have H >= 1 (dim 2), got shape {tuple(x.shape)}")
-    _check_mix_tensor("residual", residual, torch.bfloat16, 4)
-    m = residual.shape[2]
-    if not MIN_M <= m <= MAX_M:
-        raise ValueError(f"residual must have {MIN_M} <= m <= {MAX_M} (dim 2), got shape {tuple(residual.shape)}")
-    _check_shape("residual", residual, (a, b, m, hidden), "(a, b, m, H)")
-    _check_mix_tensor("post", post_weights, torch.float32, 4)
-    _check_shape("post", post_weights, (a, b, m, 1), "(a, b, m, 1)")
-    _check_mix_tensor("comb", comb, torch.float32, 4)
-    _check_shape("comb", comb, (a, b, m, m), "(a, b, m, m)")
-    _check_same_device("x", x, residual=residual, post=post_weights, comb=comb)
     _check_tokens_fit("residual", residual, m * hidden)
     out = torch.empty((a, b, m, hidden), dtype=torch.bfloat16, device=x.device)
     tokens = a * b

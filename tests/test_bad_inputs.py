@@ -407,6 +407,33 @@ MHC = {
         tensors={"grad_out": torch.float64, "x": torch.float16}, reference="x", any_rank=("x",), ints={"repeat": (0,)},
         floats={"eps": NON_FINITE_OR_NOT_POSITIVE},
         extra=(Bad("grad_out-other-shape", "grad_out", ValueError, _set("grad_out", lambda t: t[:2])),)),
+    "pre_split_mixes": Table(
+        base=lambda: {"mixes": torch.randn(2, 3, 24, generator=_gen(11)), "scale": torch.rand(3, generator=_gen(12)),
+                      "base": torch.randn(24, generator=_gen(13)), "m": 4, "post_mult": 2.0, "pre_eps": 1e-2},
+        tensors={"mixes": torch.bfloat16, "scale": torch.float64, "base": torch.float16}, reference="mixes",
+        ints={"m": (1, 9)}, floats={"post_mult": (math.nan, math.inf), "pre_eps": (math.nan, math.inf, -1.0)},
+        extra=(Bad("mixes-width-not-m(m+2)", "mixes", ValueError, _set("mixes", lambda t: t[..., :23])),
+               Bad("scale-four-entries", "scale", ValueError, _put("scale", torch.ones(4))),
+               Bad("base-other-width", "base", ValueError, _set("base", lambda t: t[:15])))),
+    "pre_apply_mix": Table(
+        base=lambda: {"x": torch.randn(2, 3, 4, 40, generator=_gen(14)).to(torch.bfloat16),
+                      "mix": torch.rand(2, 3, 4, 1, generator=_gen(15))},
+        tensors={"x": torch.float32, "mix": torch.bfloat16}, reference="x",
+        extra=(Bad("x-m-1", "x", ValueError, _set("x", lambda t: t[:, :, :1].contiguous())),
+               Bad("x-m-9", "x", ValueError, _put("x", torch.zeros(2, 3, 9, 40, dtype=torch.bfloat16))),
+               Bad("x-H-0", "x", ValueError, _put("x", torch.zeros(2, 3, 4, 0, dtype=torch.bfloat16))),
+               Bad("mix-other-m", "mix", ValueError, _set("mix", lambda t: t[:, :, :3].contiguous())))),
+    "post": Table(
+        base=lambda: {"x": torch.randn(2, 3, 40, generator=_gen(16)).to(torch.bfloat16),
+                      "residual": torch.randn(2, 3, 4, 40, generator=_gen(17)).to(torch.bfloat16),
+                      "post": torch.rand(2, 3, 4, 1, generator=_gen(18)),
+                      "comb": torch.rand(2, 3, 4, 4, generator=_gen(19))},
+        tensors={"x": torch.float32, "residual": torch.float16, "post": torch.bfloat16, "comb": torch.float64},
+        reference="x",
+        extra=(Bad("residual-other-H", "residual", ValueError, _set("residual", lambda t: t[..., :39].contiguous())),
+               Bad("residual-m-9", "residual", ValueError, _put("residual", torch.zeros(2, 3, 9, 40, dtype=torch.bfloat16))),
+               Bad("post-other-m", "post", ValueError, _set("post", lambda t: t[:, :, :3].contiguous())),
+               Bad("comb-not-square", "comb", ValueError, _set("comb", lambda t: t[..., :3].contiguous())))),
 }
 
 TABLES: dict[str, Table] = {f"{family}.{name}": table for family, tables in

@@ -219,9 +219,8 @@ def _check_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], what: str) 
         raise ValueError(f"{name} must have shape {what} = {shape}, got {tuple(t.shape)}")
 
 
-def pre_split_mixes(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, m: int, post_mult: float,
-                    pre_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(pre (a, b, m, 1), post (a, b, m, 1), comb (a, b, m, m)), fp32; see the module docstring."""
+def _check_pre_split_mixes_args(mixes, scale, base, m, post_mult, pre_eps) -> tuple[int, float, float]:
+    """pre_split_mixes' argument checks (every implementation's): (m, post_mult, pre_eps)."""
     m = _check_int_m(m)
     width = m * (m + 2)
     _check_tensor("mixes", mixes, (torch.float32,))
@@ -234,33 +233,21 @@ def pre_split_mixes(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor
     _check_shape("base", base, (width,), "(m (m + 2),)")
     post_mult = _check_float("post_mult", post_mult)
     pre_eps = _check_float("pre_eps", pre_eps, nonnegative=True)
-    with torch.no_grad():
-        s = scale.repeat_interleave(torch.tensor([m, m, m * m], device=scale.device))
-        u = mixes * s + base
-        pre = torch.sigmoid(u[..., :m]) + pre_eps
-        post_ = torch.sigmoid(u[..., m:2 * m]) * post_mult
-        lead = tuple(mixes.shape[:2])
-        return (pre.reshape(*lead, m, 1).contiguous(), post_.reshape(*lead, m, 1).contiguous(),
-                u[..., 2 * m:].reshape(*lead, m, m).contiguous())
+    return m, post_mult, pre_eps
 
 
-def pre_apply_mix(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
-    """out (a, b, H) bf16 = sum_i x[..., i, :] mix[..., i, 0] in fp32; see the module docstring."""
+def _check_pre_apply_mix_args(x, mix) -> None:
+    """pre_apply_mix's argument checks (every implementation's)."""
     _check_tensor("x", x, (torch.bfloat16,))
     if x.dim() != 4 or x.shape[-1] < 1:
         raise ValueError(f"x must have shape (a, b, m, H) with H >= 1, got {tuple(x.shape)}")
     _check_m("x", x.shape[2])
     _check_tensor("mix", mix, (torch.float32,), x.device)
     _check_shape("mix", mix, tuple(x.shape[:3]) + (1,), "(a, b, m, 1)")
-    with torch.no_grad():
-        acc = x[..., 0, :].float() * mix[..., 0, :]
-        for i in range(1, x.shape[2]):
-            acc = acc + x[..., i, :].float() * mix[..., i, :]
-        return acc.to(torch.bfloat16)
 
 
-def post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
-    """out (a, b, m, H) bf16 = x post[n] + sum_i comb[i, n] residual[i] in fp32; see the module docstring."""
+def _check_post_args(x, residual, post, comb) -> int:
+    """post's argument checks (every implementation's); returns m."""
     _check_tensor("x", x, (torch.bfloat16,))
     if x.dim() != 3 or x.shape[-1] < 1:
         raise ValueError(f"x must have shape (a, b, H) with H >= 1, got {tuple(x.shape)}")
@@ -274,6 +261,36 @@ def post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torc
     _check_shape("post", post, (a, b, m, 1), "(a, b, m, 1)")
     _check_tensor("comb", comb, (torch.float32,), x.device)
     _check_shape("comb", comb, (a, b, m, m), "(a, b, m, m)")
+    return m
+
+
+def pre_split_mixes(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, m: int, post_mult: float,
+                    pre_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pre (a, b, m, 1), post (a, b, m, 1), comb (a, b, m, m)), fp32; see the module docstring."""
+    m, post_mult, pre_eps = _check_pre_split_mixes_args(mixes, scale, base, m, post_mult, pre_eps)
+    with torch.no_grad():
+        s = scale.repeat_interleave(torch.tensor([m, m, m * m], device=scale.device))
+        u = mixes * s + base
+        pre = torch.sigmoid(u[..., :m]) + pre_eps
+        post_ = torch.sigmoid(u[..., m:2 * m]) * post_mult
+        lead = tuple(mixes.shape[:2])
+        return (pre.reshape(*lead, m, 1).contiguous(), post_.reshape(*lead, m, 1).contiguous(),
+                u[..., 2 * m:].reshape(*lead, m, m).contiguous())
+
+
+def pre_apply_mix(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
+    """out (a, b, H) bf16 = sum_i x[..., i, :] mix[..., i, 0] in fp32; see the module docstring."""
+    _check_pre_apply_mix_args(x, mix)
+    with torch.no_grad():
+        acc = x[..., 0, :].float() * mix[..., 0, :]
+        for i in range(1, x.shape[2]):
+            acc = acc + x[..., i, :].float() * mix[..., i, :]
+        return acc.to(torch.bfloat16)
+
+
+def post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """out (a, b, m, H) bf16 = x post[n] + sum_i comb[i, n] residual[i] in fp32; see the module docstring."""
+    m = _check_post_args(x, residual, post, comb)
     with torch.no_grad():
         acc = x.float()[..., None, :] * post
         for i in range(m):
