@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -79,8 +80,14 @@ def kernel_defs() -> dict[str, KernelDef]:
 
 def target_for(device: torch.device) -> dict[str, str]:
     """The tilelang target for a CUDA device, e.g. {"kind": "cuda", "arch": "sm_90"}."""
-    major, minor = torch.cuda.get_device_capability(device)
-    return {"kind": "cuda", "arch": f"sm_{major}{minor}"}
+    return {"kind": "cuda", "arch": _arch(device.index if device.index is not None else torch.cuda.current_device())}
+
+
+@functools.lru_cache(maxsize=None)
+def _arch(index: int) -> str:
+    # asked once per device: the query costs microseconds on every launch otherwise
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
 
 
 def pass_configs_of(func) -> dict[str, Any]:
@@ -122,11 +129,36 @@ def compiled_kernel(kernel: KernelDef, config: Hashable, target: dict[str, str])
     tilelang's own disk cache makes the first call of a process cheap when
     the configuration was precompiled (``python -m kernels.precompile``).
     """
+    key = (kernel.name, config, target.get("arch"))
+    compiled = _COMPILED.get(key)
+    if compiled is not None and target.get("kind") == "cuda":
+        return compiled
     if config not in kernel.configs:
         raise ValueError(f"{kernel.name}: {config!r} is not one of its static configurations")
     if target.get("kind") != "cuda" or set(target) != {"kind", "arch"}:
         raise ValueError(f"target must be {{'kind': 'cuda', 'arch': 'sm_XY'}}, got {target!r}")
-    return _compile(kernel, config, target["arch"])
+    compiled = _COMPILED[key] = _compile(kernel, config, target["arch"])
+    return compiled
+
+
+# (kernel name, config, arch) -> compiled kernel: the launch path's lookup, cheaper than
+# hashing the KernelDef (all its configurations) on every call.
+_COMPILED: dict[tuple[str, Hashable, str | None], Any] = {}
+
+
+def device_guard(device: torch.device):
+    """Make `device` current for a launch; a no-op when it already is (the common case, and
+    entering torch.cuda.device costs two driver calls)."""
+    if device.type != "cuda" or device.index is None or device.index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
+
+
+@functools.lru_cache(maxsize=None)
+def placeholder(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A one-element stand-in for a buffer argument a kernel does not touch in this call,
+    allocated once per (dtype, device): kernels never write it."""
+    return torch.zeros(1, dtype=dtype, device=device)
 
 
 # ------------------------------------------------------- argument checks

@@ -640,7 +640,7 @@ def engram_gate_fwd(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.
     scale, inv_h = _row_constants(hidden)
     per_block = forward_tokens_per_block(tokens, heads, config.threads, _multiprocessors(x.device.index or 0))
     num_blocks = -(-tokens // per_block) * heads
-    with torch.cuda.device(x.device):
+    with _tilelang.device_guard(x.device):
         kernel(_words(x), _words(k), _words(v), _aligned(w).view(-1), out, *saved, eps, clamp, scale, inv_h,
                per_block, num_blocks)
     return (out, *saved)
@@ -675,7 +675,7 @@ def engram_gate_bwd(grad_out: torch.Tensor, x: torch.Tensor, k: torch.Tensor, v:
     per_block, num_blocks = backward_blocks(tokens)
     partials = torch.empty((num_blocks, heads, hidden), dtype=torch.float32, device=x.device)
     flat = [_words(t).view(-1) for t in (grad_out, x, k, v)] + [_aligned(t).view(-1) for t in (w, d, g, rx, rk)]
-    with torch.cuda.device(x.device):
+    with _tilelang.device_guard(x.device):
         kernel(*flat, grad_x.view(-1), grad_k.view(-1), grad_v.view(-1), partials.view(-1), tokens, heads,
                hidden // CHUNK, clamp, scale, inv_h, per_block, num_blocks)
         reduce(partials.view(num_blocks, heads * hidden), grad_w.view(heads * hidden))

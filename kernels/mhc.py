@@ -601,7 +601,7 @@ def sinkhorn(x: torch.Tensor, repeat: int = DEFAULT_REPEAT, eps: float = DEFAULT
     kernel = _tilelang.compiled_kernel(SINKHORN, SinkhornConfig(_padded(m)), _tilelang.target_for(x.device))
     flat_x, flat_out = x.view(-1), out.view(-1)
     exact = int(eps < EXACT_DIVISION_BELOW)
-    with torch.cuda.device(x.device):
+    with _tilelang.device_guard(x.device):
         for first, size, count in _pieces(num_matrices, m):
             kernel(flat_x[first:first + size], flat_out[first:first + size], count, m, repeat, eps, exact)
     return out
@@ -628,7 +628,7 @@ def sinkhorn_bwd(grad_out: torch.Tensor, x: torch.Tensor, repeat: int = DEFAULT_
     interval, slots = checkpoint_interval(steps, padded)
     flat_g, flat_x, flat_out = grad_out.view(-1), x.view(-1), grad_x.view(-1)
     exact = int(eps < EXACT_DIVISION_BELOW)
-    with torch.cuda.device(x.device):
+    with _tilelang.device_guard(x.device):
         for first, size, count in _pieces(num_matrices, m):
             piece = slice(first, first + size)
             kernel(flat_g[piece], flat_x[piece], flat_out[piece], count, m, steps, interval, slots, eps, exact)
@@ -675,7 +675,7 @@ def _launch_mix(kernel_def: KernelDef, tokens: int, hidden: int, aligned: tuple,
     vec = MIX_VECTOR if vectorized else 1
     device = aligned[0].device
     kernel = _tilelang.compiled_kernel(kernel_def, MixConfig(vectorized), _tilelang.target_for(device))
-    with torch.cuda.device(device):
+    with _tilelang.device_guard(device):
         _launch_in_pieces(kernel, tokens * -(-(hidden // vec) // MIX_THREADS), *args)
 
 
@@ -701,7 +701,7 @@ def pre_split_mixes(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor
         raise ValueError(f"mixes: at most {_tilelang.MAX_DIM} tokens (a * b), got shape {tuple(mixes.shape)}")
     kernel = _tilelang.compiled_kernel(PRE_SPLIT_MIXES, SPLIT_CONFIGS[0], _tilelang.target_for(mixes.device))
     total_blocks = -(-tokens * width // ELEMENTWISE_THREADS)
-    with torch.cuda.device(mixes.device):
+    with _tilelang.device_guard(mixes.device):
         _launch_in_pieces(kernel, total_blocks, mixes.view(tokens, width), scale, base, pre.view(tokens, m),
                           post.view(tokens, m), comb.view(tokens, m * m), post_mult, pre_eps)
     return pre, post, comb

@@ -258,7 +258,7 @@ def topk_gate(scores: torch.Tensor, k: int) -> torch.Tensor:
     if num_tokens == 0:
         return out
     kernel = _tilelang.compiled_kernel(TOPK_GATE, config_for_experts(num_experts), _tilelang.target_for(scores.device))
-    with torch.cuda.device(scores.device):
+    with _tilelang.device_guard(scores.device):
         for start in range(0, num_tokens, MAX_ROWS_PER_LAUNCH):
             stop = min(start + MAX_ROWS_PER_LAUNCH, num_tokens)
             kernel(scores[start:stop], out[start:stop])
@@ -378,7 +378,7 @@ def group_count(idx: torch.Tensor, num_groups: int) -> torch.Tensor:
         return counts
     config = GroupCountConfig("int64" if idx.dtype == torch.int64 else "int32")
     kernel = _tilelang.compiled_kernel(GROUP_COUNT, config, _tilelang.target_for(idx.device))
-    with torch.cuda.device(idx.device):
+    with _tilelang.device_guard(idx.device):
         kernel(idx.reshape(-1), counts)
     return counts
 
@@ -623,7 +623,7 @@ def _fused_mapping(topk_idx: torch.Tensor, num_experts: int, alignment: int, chu
     place = _tilelang.compiled_kernel(FUSED_MAPPING, MappingConfig("place"), target)
     flat = topk_idx.reshape(-1)
     num_chunks = _ceildiv(num_pairs, chunk_batches * MAPPING_BATCH)
-    with torch.cuda.device(device):
+    with _tilelang.device_guard(device):
         counts = torch.empty((num_chunks, num_experts + 1), dtype=torch.int32, device=device)
         meta = torch.empty(2, dtype=torch.int32, device=device)
         count(flat, counts, chunk_batches)
@@ -872,7 +872,7 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, num_expand
         return out, out_sf
     target = _tilelang.target_for(device)
     mapper = _tilelang.compiled_kernel(EXPAND_TO_FUSED, ExpandConfig("map", 0), target)
-    with torch.cuda.device(device):
+    with _tilelang.device_guard(device):
         row_src = torch.full((num_rows,), -1, dtype=torch.int32, device=device)
         mapper(token_topk_to_pos.reshape(-1), row_src, k)
         out = torch.empty((num_rows, x.shape[1]), dtype=x.dtype, device=device)
@@ -1026,7 +1026,7 @@ def reduce_fused(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos:
     args = (x, topk_weights, token_topk_to_pos)
     if x_sf is not None:
         args += (torch.as_strided(x_sf, (num_rows,), (1,)),)
-    with torch.cuda.device(x.device):
+    with _tilelang.device_guard(x.device):
         _launch_in_pieces(kernel, total, *args, out)
     return out
 
@@ -1091,6 +1091,6 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     if num_tokens == 0:
         return denom, weights
     kernel = _tilelang.compiled_kernel(NORMALIZE_WEIGHT, NORMALIZE_CONFIGS[0], _tilelang.target_for(topk_weights.device))
-    with torch.cuda.device(topk_weights.device):
+    with _tilelang.device_guard(topk_weights.device):
         kernel(topk_weights, denom, weights)
     return denom, weights

@@ -157,6 +157,7 @@ T, H) is a runtime argument.
 
 # No `from __future__ import annotations` here: tilelang evaluates the
 # prim_func parameter annotations, which name the builders' local symbolic sizes.
+import functools
 import math
 import struct
 from typing import Any, NamedTuple
@@ -381,6 +382,7 @@ def _fastdiv(T, n, mul, shift):
     return T.Cast("int32", (T.Cast("int64", n) * mul) >> shift)
 
 
+@functools.lru_cache(maxsize=None)  # per launch otherwise; pure in its arguments
 def magic_divisor(d: int) -> tuple[int, int]:
     """(mul, shift) with n // d == (n * mul) >> shift for every 0 <= n < 2^31 (1 <= d < 2^31).
 
@@ -1115,22 +1117,12 @@ def _compiled(kernel: KernelDef, config, device: torch.device):
     return _tilelang.compiled_kernel(kernel, config, _tilelang.target_for(device))
 
 
-def _device_guard(device: torch.device):
-    import contextlib
-
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def _dummy(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A one-element stand-in for a buffer argument the kernel does not touch in this call."""
-    return torch.zeros(1, dtype=dtype, device=device)
-
-
 def _words(t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor whose byte size is a multiple of 4 as a flat int32 tensor (same memory)."""
     return t.reshape(-1).view(torch.uint8).view(torch.int32)
 
 
+@functools.lru_cache(maxsize=None)  # per launch otherwise; pure in its arguments
 def _token_geometry(config: "TokenConfig", num_per_channels: int) -> tuple[int, int, int, int]:
     """(path, log2 L, K, chunks per CTA) for blocks of num_per_channels = 8 * L * K elements.
 
@@ -1171,10 +1163,10 @@ def _sf_args(sf: torch.Tensor) -> _SfArgs:
     flat = torch.as_strided(sf, (extent,), (1,)) if sf.numel() else torch.zeros(1, dtype=sf.dtype, device=device)
     s0, s1 = sf.stride()
     if sf.dtype == torch.float32:
-        return _SfArgs(flat, _dummy(torch.uint8, device), s0, s1, SF_FP32)
+        return _SfArgs(flat, _tilelang.placeholder(torch.uint8, device), s0, s1, SF_FP32)
     if sf.dtype == torch.uint8:
-        return _SfArgs(_dummy(torch.float32, device), flat, s0, s1, SF_UE8M0)
-    return _SfArgs(_dummy(torch.float32, device), flat.view(torch.uint8), s0, s1, SF_PACKED)
+        return _SfArgs(_tilelang.placeholder(torch.float32, device), flat, s0, s1, SF_UE8M0)
+    return _SfArgs(_tilelang.placeholder(torch.float32, device), flat.view(torch.uint8), s0, s1, SF_PACKED)
 
 
 def _new_sf(rows: int, cols: int, use_ue8m0: bool, use_packed_ue8m0: bool, col_major: bool,
@@ -1224,8 +1216,8 @@ def _token_launch(config: TokenConfig, x_rows: torch.Tensor, data: torch.Tensor 
     cols_mul, cols_shift = magic_divisor(cols)
     kernel = _compiled(TOKEN_CAST, config, device)
     rows_per_launch = max(1, MAX_CHUNKS_PER_LAUNCH // chunks_per_row)
-    dummy_words = _dummy(torch.int32, device)
-    with _device_guard(device):
+    dummy_words = _tilelang.placeholder(torch.int32, device)
+    with _tilelang.device_guard(device):
         for r0 in range(0, num_rows, rows_per_launch):
             r1 = min(num_rows, r0 + rows_per_launch)
             xw = _words(x_rows[r0:r1])
@@ -1340,16 +1332,16 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
     if num_rows == 0:
         return data, sf
     extras = {
-        "pos": pos_to_token_topk.contiguous() if pos_to_token_topk is not None else _dummy(torch.int32, device),
+        "pos": pos_to_token_topk.contiguous() if pos_to_token_topk is not None else _tilelang.placeholder(torch.int32, device),
         "has_pos": pos_to_token_topk is not None,
-        "weights": topk_weights.reshape(-1) if topk_weights is not None else _dummy(torch.float32, device),
+        "weights": topk_weights.reshape(-1) if topk_weights is not None else _tilelang.placeholder(torch.float32, device),
         "has_w": topk_weights is not None,
-        "counts": clamped_count if (clamped_count is not None and c is not None) else _dummy(torch.int64, device),
+        "counts": clamped_count if (clamped_count is not None and c is not None) else _tilelang.placeholder(torch.int64, device),
         "do_count": clamped_count is not None and c is not None,
         "clamp": c if c is not None else math.inf,
     }
     if extras["has_w"] and extras["weights"].numel() == 0:
-        extras["weights"] = _dummy(torch.float32, device)  # no slot to read (every row is padding)
+        extras["weights"] = _tilelang.placeholder(torch.float32, device)  # no slot to read (every row is padding)
     config = token_config("swiglu", IN_DTYPES[x.dtype], fmt)
     if hidden % CHUNK:
         h8 = _padded_hidden(hidden)
@@ -1375,7 +1367,7 @@ def _launch_blocks(x: torch.Tensor, data: torch.Tensor, sf: torch.Tensor, fmt: s
     block_rows_per_launch = max(1, MAX_BLOCKS_PER_LAUNCH // col_groups)
     raw = x.view(torch.int16) if x.dtype == torch.bfloat16 else x.view(torch.int32)
     data8 = data.view(torch.uint8)
-    with _device_guard(device):
+    with _tilelang.device_guard(device):
         for b0 in range(0, -(-num_rows // bm), block_rows_per_launch):
             r0 = b0 * bm
             r1 = min(num_rows, r0 + block_rows_per_launch * bm)
@@ -1443,7 +1435,7 @@ def cast_back(data: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3", block: tu
     out_raw = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
     per_row = flat.numel() // num_rows
     rows_per_launch = max(1, MAX_BLOCKS_PER_LAUNCH // tiles)
-    with _device_guard(device):
+    with _tilelang.device_guard(device):
         for r0 in range(0, num_rows, rows_per_launch):
             r1 = min(num_rows, r0 + rows_per_launch)
             kernel(flat[r0 * per_row:r1 * per_row], args.flat_f32, args.flat_u8, out_raw[r0:r1], units_per_row, tiles,

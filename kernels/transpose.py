@@ -226,7 +226,7 @@ def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     config = _choose_config(x, out, width)
     kernel = _tilelang.compiled_kernel(BATCHED_TRANSPOSE, config, _tilelang.target_for(x.device))
     step = _batches_per_launch(config, rows, cols)
-    with torch.cuda.device(x.device):
+    with _tilelang.device_guard(x.device):
         for start in range(0, batch, step):
             stop = min(start + step, batch)
             kernel(raw_in[start:stop], raw_out[start:stop])

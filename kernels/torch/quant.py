@@ -182,6 +182,10 @@ def _check_block(block: object, allowed: tuple[tuple[int, int], ...] | None = No
     return bm, bk
 
 
+# The defaults as the fp32 values in force, rounded once here rather than on every call.
+_DEFAULT_CLAMP_MIN_FP32 = {fmt: float(torch.tensor(v, dtype=torch.float32)) for fmt, v in DEFAULT_CLAMP_MIN.items()}
+
+
 def _check_sf_options(fmt: str, round_sf: object, use_ue8m0: object, use_packed_ue8m0: object,
                       use_tma_aligned_col_major_sf: object, clamp_min: object) -> float:
     """Validates the sf options; returns clamp_min as the fp32 value in force."""
@@ -194,7 +198,7 @@ def _check_sf_options(fmt: str, round_sf: object, use_ue8m0: object, use_packed_
     if use_packed_ue8m0 and not use_ue8m0:
         raise ValueError("use_packed_ue8m0 needs use_ue8m0=True (it packs ue8m0 bytes)")
     if clamp_min is None:
-        return float(torch.tensor(DEFAULT_CLAMP_MIN[fmt], dtype=torch.float32))
+        return _DEFAULT_CLAMP_MIN_FP32[fmt]
     if isinstance(clamp_min, bool) or not isinstance(clamp_min, numbers.Real):
         raise TypeError(f"clamp_min must be a number or None, got {type(clamp_min).__name__}")
     value = float(torch.tensor(float(clamp_min), dtype=torch.float32))
