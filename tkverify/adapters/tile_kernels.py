@@ -16,9 +16,13 @@ What the adapter does when tile-kernels cannot do what a case asks
 * An option, size, format or input domain is missing: the call raises
   `tkverify.registry.Unsupported` with the reason.  Known limits are checked
   before the call (some of them are device asserts, which would end the CUDA
-  context); an ``assert`` in tile-kernels' own Python wrapper (its argument
-  checks) is turned into `Unsupported` naming the assert and its line.  Every
-  other error is the implementation's, and fails the check.
+  context); an ``assert`` in tile-kernels' own Python code (its argument
+  checks), or a ``ValueError`` its own code raises (its refusal of a size), is
+  turned into `Unsupported` naming the line and the message.  Every other
+  error is the implementation's, and fails the check.
+* A size that tile-kernels does not compile and does not check either (sinkhorn
+  with m not a power of two: a TileLang compile error) is refused before the
+  call; TKVERIFY_TK_RAW=1 lifts that refusal, to see the error itself.
 
 Conventions converted (exact), beside the layouts
 -------------------------------------------------
