@@ -2,18 +2,31 @@
 # tkverify against DeepSeek's tile-kernels on the H200, for one bundle (through the device tool):
 #   bash scripts/gpu-tile-kernels.sh main          # tilelang 0.1.15 + tile-kernels 2.1.0
 #   bash scripts/gpu-tile-kernels.sh upstream-v1   # tilelang 0.1.11 + tile-kernels 1.0.0
-# Env: TKVERIFY_FUZZ_EXAMPLES (default 60), FUZZ_SECONDS (default 300), STEPS (default "fuzz raw report replay").
+# Env: BUDGET (default 285: seconds for the whole script, setup and tile-kernels' JIT compiles
+# included), TKVERIFY_FUZZ_EXAMPLES (default 60), STEPS (default "findings report fuzz found",
+# plus "raw" for upstream-v1).  The first four run side by side, the last after them; each is
+# capped so that the whole stays within BUDGET:
+#   findings  every committed case, reports/tile-kernels-*/cases/*.json, replayed in one process
+#             (cases/raw/*.json with TKVERIFY_TK_RAW=1: the adapter's size refusals off)
+#   raw       fused_mapping with the adapter's conventions off (1.0 only)
+#   report    the derandomised ci profile: the report to commit
+#   fuzz      the fuzz profile, failing cases saved per (op, impl)
+#   found     the cases this run saved, replayed in one process
 # Only tkverify.suite is collected (never tests/), so our kernels package is not imported: under
 # upstream-v1 its TileLang 0.1.15 code may not import.  Everything lands in $OUT/results.tar.gz.
 set -uo pipefail
+T0=$(date +%s)  # the budget counts from here: setup, installs and JIT compiles included
 bundle="${1:-main}"
 case "$bundle" in main | upstream-v1) ;; *) echo "usage: $0 main|upstream-v1" >&2; exit 2 ;; esac
 source .gpu/setup.sh "$bundle" || exit 1  # (a bare source would pass this script's arguments on)
 export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR="$PWD/.cache/tilelang-$bundle"
 export TKVERIFY_FUZZ_EXAMPLES="${TKVERIFY_FUZZ_EXAMPLES:-60}"
 R="${OUT:-/tmp/out}/results"; mkdir -p "$R"
-STEPS="${STEPS:-fuzz raw report replay}"
-FUZZ_SECONDS="${FUZZ_SECONDS:-300}"
+BUDGET="${BUDGET:-285}"
+default_steps="findings report fuzz found"; [ "$bundle" = upstream-v1 ] && default_steps="findings raw report fuzz found"
+STEPS="${STEPS:-$default_steps}"
+# cap N [RESERVE]: N seconds, or what the budget has left after RESERVE seconds for later steps (>= 15).
+cap() { local left=$(( BUDGET - ($(date +%s) - T0) - ${2:-0} )); (( left < $1 )) && echo $(( left > 15 ? left : 15 )) || echo "$1"; }
 
 # The pytest11 entry point and the console script need an install; without one, name the plugin.
 python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . >"$R/install.log" 2>&1
@@ -43,30 +56,31 @@ if not (out / "report.md").is_file() and (out / "shards").is_dir():
 EOF
 }
 
-# Hunt: every op and backward, the fuzz profile, failing cases saved per (op, impl).
-if wants fuzz; then
-  # SIGINT, so that pytest still merges the workers' shards into a report when time is up.
-  step fuzz timeout -s INT -k 30 "$FUZZ_SECONDS" "${SUITE[@]}" -n 8 --tk-profile fuzz \
-    --tk-report "$R/report-fuzz" --tk-cases "$R/cases"
-  merge "$R/report-fuzz" fuzz
+# findings, raw, report and fuzz run side by side (one GPU, 16 cores: 1 + 1 + 7 + 7 processes), each
+# under its own cap, so that one ~300 s call holds all of them; then the cases this run saved.
+if wants findings; then  # the committed findings, confirmed or refuted: one process, shared JIT compiles
+  { step findings timeout -k 10 "$(cap 120 60)" python3 -m tkverify.cli replay reports/tile-kernels-*/cases/*.json \
+      --impl tile_kernels
+    step findings-raw env TKVERIFY_TK_RAW=1 timeout -k 5 "$(cap 30 50)" python3 -m tkverify.cli replay \
+      reports/tile-kernels-*/cases/raw/*.json --impl tile_kernels; } &
 fi
 # fused_mapping with the adapter's two conventions off, to record tile-kernels' raw layout (1.0 only).
-wants raw && step raw env TKVERIFY_TK_RAW=1 timeout -k 10 120 "${SUITE[@]}" --tk-profile ci -k fused_mapping \
-  --tk-cases "$R/cases-raw"
-# The derandomised ci profile, through the CLI: the reproducible report to commit.
-if wants report; then
-  step report timeout -s INT -k 30 200 python3 -m tkverify.cli report --impl tile_kernels --profile ci -n 8 \
-    --out "$R/report-ci" -- -rs "--tk-cases=$R/cases-ci"
-  merge "$R/report-ci" ci
+wants raw && step raw env TKVERIFY_TK_RAW=1 timeout -k 10 "$(cap 60 60)" "${SUITE[@]}" --tk-profile ci \
+  -k fused_mapping --tk-cases "$R/cases-raw" &
+# The derandomised ci profile, through the CLI: the reproducible report to commit.  SIGINT at the
+# cap, so that pytest still merges the workers' shards into a report.
+wants report && step report timeout -s INT -k 20 "$(cap 160 60)" python3 -m tkverify.cli report \
+  --impl tile_kernels --profile ci -n 7 --out "$R/report-ci" -- -rs "--tk-cases=$R/cases-ci" &
+# The hunt: every op and backward, the fuzz profile, failing cases saved per (op, impl).
+wants fuzz && step fuzz timeout -s INT -k 20 "$(cap 170 60)" "${SUITE[@]}" -n 7 --tk-profile fuzz \
+  --tk-report "$R/report-fuzz" --tk-cases "$R/cases" &
+wait
+wants report && merge "$R/report-ci" ci
+wants fuzz && merge "$R/report-fuzz" fuzz
+# Every case this run saved, replayed once more in one process (verdict and worst element, for the findings).
+if wants found; then
+  found=("$R"/cases*/*.json)
+  [ -e "${found[0]}" ] && step found timeout -k 5 "$(cap 45 5)" python3 -m tkverify.cli replay "${found[@]}"
 fi
-# Every saved case replayed once more (the verdict, and what tile-kernels returned, for the findings).
-if wants replay; then
-  mkdir -p "$R/replays"
-  for f in "$R"/cases*/*.json; do
-    [ -e "$f" ] || continue
-    n=$(basename "$(dirname "$f")")-$(basename "$f" .json)
-    timeout 60 python3 -m tkverify.cli replay "$f" >"$R/replays/$n.txt" 2>&1
-    echo "replay $n: rc=$?" | tee -a "$R/steps.txt"
-  done
-fi
+echo "=== total: $(( $(date +%s) - T0 )) s of a $BUDGET s budget" | tee -a "$R/steps.txt"
 tar -C "$(dirname "$R")" -czf "${OUT:-/tmp/out}/results.tar.gz" results && rm -rf "$R"

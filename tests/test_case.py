@@ -118,3 +118,25 @@ def test_replay_command_refuses_a_damaged_case_without_a_traceback(tmp_path, dam
     assert done.returncode == 2
     assert done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.startswith("tkverify replay: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_replay_takes_several_case_files_in_one_process(tmp_path, capsys, monkeypatch):
+    """Each file gets its verdict and the worst element; the exit status is the worst verdict."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # tests/broken.py: the ties_high topk_gate
+    ties = Case(params={"k": 1}, inputs={"scores": torch.ones(2, 5)})
+    good = save_case(tmp_path / "good", ties, op="moe.topk_gate", impl="torch")
+    bad = save_case(tmp_path / "bad", ties, op="moe.topk_gate", impl="ties_high")
+    junk = tmp_path / "junk.json"
+    junk.write_text("{}")
+    assert cli.main(["replay", str(good), str(bad), str(junk), "--load", "broken"]) == 1
+    captured = capsys.readouterr()
+    out = captured.out
+    assert out.index(f"=== {good}") < out.index("PASS") < out.index(f"=== {bad}") < out.index("FAIL")
+    assert "worst at index (0, 0): actual 4, expected 0" in out
+    assert "indices (int64" in out and "worst at (0, 0): actual 0, expected 0" in out
+    assert f"  PASS        {good}\n  FAIL        {bad}\n  CANNOT RUN  {junk}\n" in out
+    assert "junk.npz does not exist" in captured.err
+    # Without a failure, a file that cannot run decides; all passing is 0; one file keeps its own status.
+    assert cli.main(["replay", str(good), str(junk)]) == 2
+    assert cli.main(["replay", str(good), str(good)]) == 0
+    assert cli.main(["replay", str(bad), "--load", "broken"]) == 1

@@ -180,9 +180,10 @@ import importlib  # noqa: E402
 
 @pytest.mark.parametrize("block, column_major", [((1, 32), False), ((1, 128), True), ((128, 128), False),
                                                  ((128, 128), True)])
-def test_their_packed_sf_shape_is_what_the_adapter_unpacks(block, column_major):
+@pytest.mark.parametrize("tokens", [200, 0])
+def test_their_packed_sf_shape_is_what_the_adapter_unpacks(block, column_major, tokens):
     common = _tile_kernels_2()
-    tokens, hidden = 200, 640
+    hidden = 640
     config = common.CastOutputConfig(torch_dtype=torch.float8_e4m3fn, sf_block=block,
                                      use_tma_aligned_col_major_sf=column_major, round_sf=True, use_packed_ue8m0=True)
     raw = common.alloc_scaling_factors((tokens, hidden), config, device="cpu")
@@ -211,3 +212,122 @@ def test_impl_availability_is_consulted_before_a_call():
                 available=lambda: tk.missing_reason("moe.group_count", "2.1.0"))
     reason = impl.unavailable_reason()
     assert reason is not None
+
+
+# -- empty batches, refusals and the swiglu subset, against a stand-in tile_kernels (no GPU) ------
+
+
+@pytest.mark.parametrize("use_packed, column_major", [(False, False), (True, False), (True, True)])
+def test_an_empty_batch_converts_its_packed_sf(use_packed, column_major):
+    """T = 0: their packed sf has no rows, and unpacking must not ask reshape to guess the width."""
+    theirs = torch.zeros((0, 1), dtype=torch.int32)
+    ours = tk.our_sf(theirs, 0, 3, use_ue8m0=True, use_packed_ue8m0=use_packed, column_major=column_major)
+    assert tuple(ours.shape) == (0, 1 if use_packed else 3)
+    assert ours.dtype == (torch.int32 if use_packed else torch.uint8)
+    assert tuple(tk.sf_as_fp32(theirs, 3).shape) == (0, 3)
+    assert tuple(tk.packed_to_bytes(theirs, 3).shape) == (0, 3)
+
+
+def _in_tile_kernels(tmp_path, source: str, name: str):
+    """A function whose code lives in a file of a tile_kernels package (as tracebacks see it)."""
+    path = tmp_path / "tile_kernels" / "engram" / f"fake_{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    namespace: dict = {}
+    exec(compile(source, str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def test_its_own_value_errors_and_asserts_are_refusals_and_others_are_failures(tmp_path):
+    refuse = _in_tile_kernels(tmp_path, "def refuse(h):\n    raise ValueError(f'No valid blk_d for hidden_size={h}')\n",
+                              "refuse")
+    with pytest.raises(registry.Unsupported, match=r"\(engram/fake_refuse.py:2\): No valid blk_d for hidden_size=64"):
+        tk._call(refuse, 64)
+    check = _in_tile_kernels(tmp_path, "def check(h):\n    assert h % 64 == 0\n", "check")
+    with pytest.raises(registry.Unsupported, match="assert h % 64 == 0"):
+        tk._call(check, 65)
+
+    def ours(h):
+        raise ValueError("raised outside tile_kernels")
+
+    with pytest.raises(ValueError, match="outside"):
+        tk._call(ours, 1)
+    broken = _in_tile_kernels(tmp_path, "def broken(h):\n    raise RuntimeError('grid dimension must be positive')\n", "broken")
+    with pytest.raises(RuntimeError):
+        tk._call(broken, 0)
+
+
+class _FakeQuant:
+    """Records the call and returns what tile-kernels' swiglu returns: e4m3 data and packed ue8m0 words."""
+
+    def __init__(self):
+        self.calls = []
+
+    def swiglu_forward_and_per_token_cast(self, x, fmt, num_per_channels, **kwargs):
+        self.calls.append((x, fmt, num_per_channels, kwargs))
+        rows, hidden = x.shape[0], x.shape[1] // 2
+        cols = hidden // num_per_channels
+        data = torch.zeros((rows, hidden), dtype=torch.float8_e4m3fn)
+        codes = torch.full((rows, cols), 127, dtype=torch.uint8)
+        codes[:, 0] = 120
+        return data, tk.bytes_to_packed(codes)
+
+
+@pytest.fixture
+def fake_tile_kernels(monkeypatch):
+    def install(version: str):
+        quant = _FakeQuant()
+        monkeypatch.setattr(tk, "installed_version", lambda: version)
+        monkeypatch.setattr(tk, "_tk", lambda sub: {"quant": quant}[sub])
+        return quant
+    return install
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "2.1.0"])
+def test_swiglu_without_weights_calls_its_public_function(fake_tile_kernels, version):
+    quant = fake_tile_kernels(version)
+    x = torch.randn(3, 512, dtype=torch.bfloat16)
+    data, sf = tk.swiglu_forward_and_per_token_cast(x=x, fmt="e4m3", num_per_channels=128, round_sf=True,
+                                                    use_ue8m0=True, use_packed_ue8m0=False)
+    (got_x, fmt, npc, kwargs), = quant.calls
+    assert torch.equal(got_x, x) and (fmt, npc) == ("e4m3", 128)
+    assert kwargs["use_packed_ue8m0"] and kwargs["round_sf"]
+    # 1.0 writes packed ue8m0 column-major only, so the adapter asks for that layout there.
+    assert kwargs["use_tma_aligned_col_major_sf"] == (version == "1.0.0")
+    assert not any(k in kwargs for k in ("topk_weights", "pos_to_token_topk", "clamp_value", "swiglu_clamp_value",
+                                         "clamped_count"))
+    assert tuple(data.shape) == (3, 256) and sf.dtype == torch.uint8 and tuple(sf.shape) == (3, 2)
+    assert sf[:, 0].tolist() == [120] * 3 and sf[:, 1].tolist() == [127] * 3
+
+
+def test_swiglu_sf_clamp_min_goes_to_1_0s_own_argument(fake_tile_kernels):
+    quant = fake_tile_kernels("1.0.0")
+    x = torch.randn(2, 256, dtype=torch.bfloat16)
+    tk.swiglu_forward_and_per_token_cast(x=x, num_per_channels=128, clamp_min=0.5)
+    tk.swiglu_forward_and_per_token_cast(x=x, num_per_channels=128, clamp_min=1e-4)  # the default: not passed
+    assert quant.calls[0][3]["sf_clamp_min"] == 0.5 and "sf_clamp_min" not in quant.calls[1][3]
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "2.1.0"])
+@pytest.mark.parametrize("extra, why", [
+    ({"topk_weights": torch.ones(2, 1), "pos_to_token_topk": torch.tensor([0, 1], dtype=torch.int32)},
+     "without weights only"),
+    ({"clamp": 7.0}, "without clamp only"),
+    ({"clamp": 7.0, "clamped_count": torch.zeros(3, dtype=torch.int64)}, "without clamp only"),
+])
+def test_swiglu_weights_routing_and_clamp_stay_unsupported(fake_tile_kernels, version, extra, why):
+    quant = fake_tile_kernels(version)
+    with pytest.raises(registry.Unsupported, match=why):
+        tk.swiglu_forward_and_per_token_cast(x=torch.randn(2, 256, dtype=torch.bfloat16), **extra)
+    assert quant.calls == []
+
+
+@pytest.mark.parametrize("m, refused", [(2, False), (3, True), (4, False), (5, True), (6, True), (8, False)])
+def test_sinkhorn_refuses_m_that_is_not_a_power_of_two_unless_raw(monkeypatch, m, refused):
+    monkeypatch.delenv(tk.RAW_ENV, raising=False)
+    x = torch.zeros(1, m, m)
+    if refused:
+        with pytest.raises(registry.Unsupported, match=f"power-of-two m.*got m={m}"):
+            tk._sinkhorn_size(x)
+        monkeypatch.setenv(tk.RAW_ENV, "1")
+    tk._sinkhorn_size(x)

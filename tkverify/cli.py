@@ -57,26 +57,54 @@ def cmd_report(args: argparse.Namespace) -> int:
 UNSUPPORTED_EXIT = 3  # replay: the implementation refused the case (the library lacks what it asks for)
 
 
+_VERDICTS = {0: "PASS", 1: "FAIL", 2: "CANNOT RUN", UNSUPPORTED_EXIT: "UNSUPPORTED"}
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay one case file, or several in one process (one import, one JIT cache: fast on a GPU).
+
+    Exit status: one file, its verdict (0 pass, 1 fail, 2 cannot run, 3 unsupported);
+    several, 1 if any failed, else 2 if any could not run, else 3 if any was refused, else 0.
+    """
+    registry.load_plugins(args.load)
+    if len(args.paths) == 1:
+        return _replay_one(Path(args.paths[0]), args.impl)
+    verdicts = []
+    for path in args.paths:
+        print(f"=== {path}", flush=True)
+        try:
+            rc = _replay_one(Path(path), args.impl)
+        except Exception as e:  # noqa: BLE001 - one broken case must not hide the verdicts of the others
+            print(f"tkverify replay: {path}: {type(e).__name__}: {e}", file=sys.stderr)
+            rc = 2
+        verdicts.append((rc, path))
+        print(flush=True)
+    print(f"replayed {len(verdicts)} case files" + (f" against {args.impl}" if args.impl else ""))
+    for rc, path in verdicts:
+        print(f"  {_VERDICTS[rc]:<11} {path}")
+    codes = {rc for rc, _ in verdicts}
+    return next((rc for rc in (1, 2, UNSUPPORTED_EXIT) if rc in codes), 0)
+
+
+def _replay_one(path: Path, impl_name: str | None) -> int:
     from tkverify.case import CaseFileError, load_case
     from tkverify.check import VerificationError, check_case
 
     try:
-        case, meta = load_case(args.path)
+        case, meta = load_case(path)
     except CaseFileError as e:
         print(f"tkverify replay: {e}", file=sys.stderr)
         return 2
-    registry.load_plugins(args.load)
     try:
         spec = registry.get(meta["op"])
     except KeyError as e:
-        print(f"tkverify replay: {args.path}: {e.args[0]}", file=sys.stderr)
+        print(f"tkverify replay: {path}: {e.args[0]}", file=sys.stderr)
         return 2
     misfit = _misfit(spec, case)
     if misfit:
-        print(f"tkverify replay: {args.path}: {misfit}", file=sys.stderr)
+        print(f"tkverify replay: {path}: {misfit}", file=sys.stderr)
         return 2
-    impl_name = args.impl or meta["impl"]
+    impl_name = impl_name or meta["impl"]
     if "gradient" in meta and impl_name == "oracle":  # the gradcheck of the float64 backward: no implementation
         return _replay_gradients(spec, impl_name, case, meta)
     if impl_name not in spec.impls:
@@ -102,9 +130,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"UNSUPPORTED: {e.reason}")
         return UNSUPPORTED_EXIT
     for c in comparisons:
-        print(f"  {c.output} ({c.fmt}, {c.policy}): {c.count} elements, {c.exact} exact, max ULP {c.max_ulp:.3g}")
+        print(f"  {c.output} ({c.fmt}, {c.policy}): {c.count} elements, {c.exact} exact, max ULP {c.max_ulp:.3g}"
+              + _worst(c.worst))
     print("PASS")
     return 0
+
+
+def _worst(worst: dict | None) -> str:
+    """What the implementation returned at the worst element, as the report records it."""
+    if not worst:
+        return ""
+    index = tuple(worst.get("index", ()))
+    return f"; worst at {index}: actual {worst.get('actual')}, expected {worst.get('expected')}"
 
 
 def _misfit(spec, case) -> str | None:
@@ -219,9 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     r.set_defaults(func=cmd_report)
 
-    rp = with_load(sub.add_parser("replay", help="re-run a saved failing case and print the verdict (exit 0 pass, "
-                                  "1 fail, 2 cannot run, 3 unsupported by the implementation)"))
-    rp.add_argument("path", help="the case file (.json; its .npz lies beside it)")
+    rp = with_load(sub.add_parser("replay", help="re-run saved failing cases and print each verdict (exit 0 pass, "
+                                  "1 fail, 2 cannot run, 3 unsupported by the implementation; several "
+                                  "files: 1 if any failed, else 2, else 3, else 0)"))
+    rp.add_argument("paths", nargs="+", metavar="path",
+                    help="the case file (.json; its .npz lies beside it); several are replayed in one process")
     rp.add_argument("--impl", default=None, help="run another implementation than the recorded one")
     rp.set_defaults(func=cmd_replay)
 

@@ -16,9 +16,13 @@ What the adapter does when tile-kernels cannot do what a case asks
 * An option, size, format or input domain is missing: the call raises
   `tkverify.registry.Unsupported` with the reason.  Known limits are checked
   before the call (some of them are device asserts, which would end the CUDA
-  context); an ``assert`` in tile-kernels' own Python wrapper (its argument
-  checks) is turned into `Unsupported` naming the assert and its line.  Every
-  other error is the implementation's, and fails the check.
+  context); an ``assert`` in tile-kernels' own Python code (its argument
+  checks), or a ``ValueError`` its own code raises (its refusal of a size), is
+  turned into `Unsupported` naming the line and the message.  Every other
+  error is the implementation's, and fails the check.
+* A size that tile-kernels does not compile and does not check either (sinkhorn
+  with m not a power of two: a TileLang compile error) is refused before the
+  call; TKVERIFY_TK_RAW=1 lifts that refusal, to see the error itself.
 
 Conventions converted (exact), beside the layouts
 -------------------------------------------------
@@ -133,11 +137,13 @@ def _tk(submodule: str) -> Any:
 
 
 def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call a tile-kernels function; an assert of its own Python wrapper (an argument check)
-    becomes `Unsupported` naming it.  Asserts elsewhere (tilelang, ours) stay errors."""
+    """Call a tile-kernels function; an assert of its own Python code (an argument check), or a
+    ValueError its own code raises (its refusal of a size, e.g. engram's "No valid blk_d for
+    hidden_size=64"), becomes `Unsupported` naming it.  The same raised elsewhere (tilelang,
+    torch, ours) stays an error, and so does every other exception."""
     try:
         return fn(*args, **kwargs)
-    except AssertionError as e:
+    except (AssertionError, ValueError) as e:
         frames = traceback.extract_tb(e.__traceback__)
         marker = f"{os.sep}{MODULE}{os.sep}"
         if not frames or marker not in frames[-1].filename:
@@ -165,8 +171,10 @@ def store_tma_column_major(values: torch.Tensor) -> torch.Tensor:
 def packed_to_bytes(packed: torch.Tensor, cols: int) -> torch.Tensor:
     """uint8 (rows, cols): the ue8m0 bytes of packed int32 words (rows, ceil(cols/4)), 4 per
     word along the columns, the first in the low byte (any strides)."""
-    rows = packed.shape[0]
-    return packed.contiguous().view(torch.uint8).reshape(rows, -1)[:, :cols]
+    rows, words = packed.shape
+    if packed.numel() == 0:  # T = 0: no bytes to move (and an empty view keeps any strides, odd ones too)
+        return torch.empty((rows, min(cols, 4 * words)), dtype=torch.uint8, device=packed.device)
+    return packed.contiguous().view(torch.uint8).reshape(rows, 4 * words)[:, :cols]
 
 
 def bytes_to_packed(codes: torch.Tensor) -> torch.Tensor:
@@ -182,6 +190,8 @@ def row_packed_to_bytes(packed: torch.Tensor, rows: int) -> torch.Tensor:
     """uint8 (rows, cols) from tile-kernels 2.x's per-channel packing: int32 (ceil(rows/4),
     cols) with 4 consecutive block rows in a word, the first in the low byte."""
     words, cols = packed.shape
+    if packed.numel() == 0:
+        return torch.empty((min(rows, 4 * words), cols), dtype=torch.uint8, device=packed.device)
     b = packed.contiguous().view(torch.uint8).reshape(words, cols, 4)
     return b.permute(0, 2, 1).reshape(words * 4, cols)[:rows]
 
@@ -332,9 +342,38 @@ def cast_back(data, sf, fmt="e4m3", block=(1, 128), out_dtype=torch.bfloat16):
     return _call(quant.cast_back, (data, sf_as_fp32(sf, cols)), name, block, x_special_fmt=special)
 
 
-def swiglu_forward_and_per_token_cast(**kwargs):
-    raise Unsupported("the tile_kernels adapter does not map swiglu_forward_and_per_token_cast yet: tile-kernels "
-                      "takes the routing as psum_num_tokens_per_expert and counts clamps in its own counter layout")
+def swiglu_forward_and_per_token_cast(x, fmt="e4m3", num_per_channels=128, *, topk_weights=None,
+                                      pos_to_token_topk=None, clamp=None, clamped_count=None, round_sf=False,
+                                      use_ue8m0=False, use_packed_ue8m0=False, use_tma_aligned_col_major_sf=False,
+                                      clamp_min=None):
+    """The call without weights, routing or clamp: its public function with those arguments left
+    at None (their defaults in both releases), the sf options mapped as for per_token_cast."""
+    if topk_weights is not None or pos_to_token_topk is not None:
+        raise Unsupported(f"the tile_kernels adapter maps swiglu_forward_and_per_token_cast without weights only: "
+                          f"{_v()} takes the routing as "
+                          + ("pos_to_token_topk + topk_weights + pos_to_expert" if _gen() == 1
+                             else "psum_num_tokens_per_expert + topk_weights")
+                          + ", whose padding-row conventions are not mapped")
+    if clamp is not None or clamped_count is not None:
+        raise Unsupported(f"the tile_kernels adapter maps swiglu_forward_and_per_token_cast without clamp only: "
+                          f"{_v()}'s clamp value and its counter ("
+                          + ("int64 (3,)" if _gen() == 1 else "(4,), int32-bounded") + ") are not mapped")
+    quant = _tk("quant")
+    flags = _their_sf_flags(round_sf, use_ue8m0, use_tma_aligned_col_major_sf)
+    x = x.contiguous()
+    if _gen() == 1:
+        extra = {}
+        if clamp_min is not None and np.float32(clamp_min) != np.float32(_DEFAULT_CLAMP_MIN.get(fmt, 1e-4)):
+            extra["sf_clamp_min"] = float(np.float32(clamp_min))
+        data, sf = _call(quant.swiglu_forward_and_per_token_cast, x, fmt, num_per_channels, **flags, **extra)
+    else:
+        with _clamp_min(_fmt(fmt), clamp_min):
+            data, sf = _call(quant.swiglu_forward_and_per_token_cast, x, fmt, num_per_channels, **flags)
+    from references.quant import sf_grid
+
+    rows, cols = sf_grid(x.shape[0], x.shape[1] // 2, (1, num_per_channels))
+    return data, our_sf(sf, rows, cols, use_ue8m0=use_ue8m0, use_packed_ue8m0=use_packed_ue8m0,
+                        column_major=use_tma_aligned_col_major_sf)
 
 
 # -- moe --------------------------------------------------------------------------------------
@@ -521,8 +560,21 @@ def engram_gate_bwd(grad_out, x, k, v, w, d, g, rx, rk, eps=1e-6, clamp=1e-6):
 # -- mhc --------------------------------------------------------------------------------------
 
 
+def _sinkhorn_size(x: torch.Tensor) -> None:
+    """m must be a power of two: tile-kernels' sinkhorn kernels reduce each m-wide row with a
+    warp all-reduce that TileLang builds only for power-of-two widths.  2.1.0 (TileLang 0.1.15)
+    fails to compile at m = 3 ("XOR-butterfly AllReduce requires ... a positive power of two,
+    got 3") and m = 5 ("no available layout found"), whatever the batch; tile-kernels has no
+    check of its own.  TKVERIFY_TK_RAW=1 calls it anyway, to see the compiler's error."""
+    m = x.shape[-1]
+    if m & (m - 1) and not _raw():
+        raise Unsupported(f"{_v()} sinkhorn compiles only for power-of-two m (its warp all-reduce over a row), "
+                          f"got m={m}")
+
+
 def sinkhorn(x, repeat=10, eps=1e-6):
     _working_precision(x)
+    _sinkhorn_size(x)
     if _gen() == 1:
         return _call(_tk("modeling.mhc.ops").sinkhorn_normalize, x, repeat, eps)
     flat = x.reshape(-1, *x.shape[-2:]).contiguous()
@@ -533,6 +585,7 @@ def sinkhorn(x, repeat=10, eps=1e-6):
 
 def sinkhorn_bwd(grad_out, x, repeat=10, eps=1e-6):
     _working_precision(grad_out, x)
+    _sinkhorn_size(x)
     if _gen() == 1:  # 1.0's public backward is its autograd Function's
         leaf = x.detach().clone().requires_grad_(True)
         out = _call(_tk("modeling.mhc.ops").sinkhorn_normalize, leaf, repeat, eps)

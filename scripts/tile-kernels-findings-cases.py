@@ -1,0 +1,89 @@
+"""Write the hand-made case files of reports/tile-kernels-findings.md (the shrunk cases the H200
+runs saved are copied beside them as they came).  Each is the smallest input that shows one
+finding; its "finding" entry says which, and what tile-kernels 2.1.0 is expected to return
+there (read from its source; the replay on the H200 confirms or refutes it).
+
+    python3 scripts/tile-kernels-findings-cases.py   # rewrites reports/tile-kernels-2.1.0/cases/*-F*.json
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tkverify.case import Case, save_case
+
+OUT = Path(__file__).resolve().parent.parent / "reports" / "tile-kernels-2.1.0" / "cases"
+GEN = torch.Generator().manual_seed(7)
+
+
+def row(n: int, dtype=torch.float32) -> torch.Tensor:
+    return (torch.randn(1, n, generator=GEN) * 3).to(dtype)
+
+
+def cast_params(fmt: str, npc: int, round_sf: bool = False, ue8m0: bool = False) -> dict:
+    return {"fmt": fmt, "num_per_channels": npc, "round_sf": round_sf or ue8m0, "use_ue8m0": ue8m0,
+            "use_packed_ue8m0": False, "use_tma_aligned_col_major_sf": False, "clamp_min": None}
+
+
+def write(name: str, op: str, params: dict, inputs: dict, finding: str, raw: bool = False) -> None:
+    where = OUT / "raw" if raw else OUT
+    save_case(where / name, Case(params=params, inputs=inputs), op=op, impl="tile_kernels",
+              extra={"finding": finding})
+
+
+def main() -> None:
+    # F1: a NaN in a block; e2m1 has no NaN code, so the NaN element itself becomes a number.
+    x = row(64, torch.bfloat16)
+    x[0, 3] = float("nan")
+    write("quant.per_token_cast-F1-nan-e2m1", "quant.per_token_cast", cast_params("e2m1", 16), {"x": x},
+          "F1: block 0 holds a NaN. Contract: sf NaN. Expected from 2.1.0: its absmax skips the NaN, so sf is "
+          "the other 15 elements' (finite); the NaN element is cast to e2m1, which has no NaN: a finite code.")
+    # F2: an infinity in a block with round_sf: its sf reciprocal is built from exponent bits.
+    x = row(64)
+    x[0, 0] = float("inf")
+    write("quant.per_token_cast-F2-inf-round_sf", "quant.per_token_cast", cast_params("e4m3", 64, round_sf=True),
+          {"x": x}, "F2: the block holds +inf. Contract: sf NaN, every element NaN. Expected from 2.1.0: sf = +inf "
+          "and 1/sf = -inf (exponent 128 in 127 - e wraps into the sign bit), so every finite element is "
+          "saturated to -sign(x) * 448 and +inf to -448: the block dequantises to infinities of flipped sign.")
+    write("quant.per_token_cast-F2-inf-ue8m0", "quant.per_token_cast", cast_params("e4m3", 64, ue8m0=True),
+          {"x": x}, "F2 with ue8m0: the sf byte 0xFF is NaN (as the contract says); the data are still "
+          "-sign(x) * 448 (judged given sf NaN: every element must be NaN).")
+    write("quant.per_token_cast-F2-inf-plain", "quant.per_token_cast", cast_params("e4m3", 64), {"x": x},
+          "F2 without round_sf: sf = inf / 448 = +inf where the contract says NaN; 1/sf = 0, so the data are "
+          "+-0 (inf * 0 = NaN for the infinity): the block still dequantises to NaN (0 * inf).")
+    # F3: a precomputed sf whose reciprocal overflows fp32.
+    x = row(64, torch.bfloat16)
+    x[0, :16] = 0.0
+    sf = torch.tensor([[8 * 2.0**-149, 0.01, 0.01, 0.01]], dtype=torch.float32)
+    write("quant.per_token_cast_with_precomputed_sf-F3-subnormal-sf-e4m3", "quant.per_token_cast_with_precomputed_sf",
+          {"fmt": "e4m3", "num_per_channels": 16}, {"x": x, "sf": sf},
+          "F3: block 0 is all zeros with sf 8 * 2^-149 (subnormal). Contract: 0 / sf = 0. Expected from 2.1.0: "
+          "1 / sf overflows to inf and 0 * inf = NaN: NaN codes from finite inputs.")
+    # F5: sinkhorn sizes: m not a power of two (refused by the adapter; raw replays call it anyway).
+    for m in (3, 5, 6):
+        write(f"mhc.sinkhorn-F5-m{m}", "mhc.sinkhorn", {"repeat": 2, "eps": 1e-6},
+              {"x": torch.randn(2, m, m, generator=GEN)},
+              f"F5: m = {m}. Adapter: Unsupported (m not a power of two). Replayed with TKVERIFY_TK_RAW=1: "
+              "expected a TileLang compile error (2.1.0 seen at m = 3 and 5).", raw=True)
+    write("mhc.sinkhorn-F5-m8", "mhc.sinkhorn", {"repeat": 3, "eps": 1e-6}, {"x": torch.randn(2, 8, 8, generator=GEN)},
+          "F5: m = 8, a power of two: expected to compile and pass.")
+    # Probes: what the first run could not reach.
+    hc, hidden = 4, 512
+    empty = {"x": torch.zeros(0, hc, hidden, dtype=torch.bfloat16), "k": torch.zeros(0, hc, hidden, dtype=torch.bfloat16),
+             "v": torch.zeros(0, hidden, dtype=torch.bfloat16), "w": torch.randn(hc, hidden, generator=GEN)}
+    write("engram.gate-P1-empty-batch", "engram.gate", {"eps": 1e-6, "clamp": 1e-6}, empty,
+          "Probe: T = 0 at a size it takes (hc 4, H 512). Contract: empty outputs.")
+    save_case(OUT / "engram.gate-P1-empty-batch-gradients", Case({"eps": 1e-6, "clamp": 1e-6}, empty),
+              op="engram.gate", impl="tile_kernels",
+              extra={"gradient": {"seed": 0, "precision": "auto"}, "finding": "Probe: backward at T = 0."})
+    x = (torch.randn(4, 512, generator=GEN) * 4).to(torch.bfloat16)
+    x[1, 7] = float("nan")
+    write("quant.swiglu_forward_and_per_token_cast-P2-plain", "quant.swiglu_forward_and_per_token_cast",
+          cast_params("e4m3", 128), {"x": x},
+          "Probe: the newly mapped swiglu (no weights, no clamp), with a NaN in row 1's l half.")
+
+
+if __name__ == "__main__":
+    main()
