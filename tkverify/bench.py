@@ -31,6 +31,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from tkverify.registry import Unsupported
+
 _L2_FLUSH_BYTES = 256 * 2**20  # larger than the H200's 60 MB L2
 
 
@@ -171,6 +173,11 @@ def run(entries: list[Entry], impl_names: list[str], *, reps: int = 30, graphs: 
             row = dict(row_base, impl=name)
             try:
                 row["time_us"] = median_time_s(call, reps=reps) * 1e6
+            except Unsupported as e:  # the library lacks this shape or option: say so
+                unavailable.append({"op": entry.label, "shape": entry.shape.name, "impl": name,
+                                    "reason": f"unsupported: {e.msg if hasattr(e, 'msg') else e}"})
+                log(f"{entry.label} [{entry.shape.name}] {name}: unsupported")
+                continue
             except Exception as e:  # reported in the table, not hidden
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
                 rows.append(row)
