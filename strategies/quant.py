@@ -498,6 +498,10 @@ def cast_back_cases(draw) -> Case:
 
 # -- swiglu -----------------------------------------------------------------------------------
 
+# clamped_count before the call: every lane one count short of 2^31 (a signed 32-bit counter) or
+# of 2^32 (a carry out of the low word), or far beyond 32 bits.
+COUNTER_STARTS = {"zero": (0, 0, 0), "near_int32": (2**31 - 1,) * 3, "near_uint32": (2**32 - 1,) * 3,
+                  "large": (2**40, 2**53 + 1, 7)}
 SWIGLU_FEATURES = ("at_clamp", "very_negative_l", "nonfinite", "zeros", "subnormal", "huge", "zero_weights")
 
 
@@ -550,6 +554,12 @@ def swiglu_cases(draw) -> Case:
     num_rows = draw(token_counts(2 * hidden))
     clamp = draw(st.sampled_from(SWIGLU_CLAMPS))
     features = draw(st.dictionaries(st.sampled_from(SWIGLU_FEATURES), st.sampled_from(SPREADS), max_size=3))
+    counter = draw(st.sampled_from(tuple(COUNTER_STARTS) + ("none", "near_uint32")))
+    if counter == "near_uint32":
+        # A counter one short of 2^32 in every lane only tests the carry if something is clamped.
+        if clamp is None:
+            clamp = draw(st.sampled_from([c for c in SWIGLU_CLAMPS if c is not None]))
+        features.setdefault("at_clamp", draw(st.sampled_from(SPREADS)))
     seed = draw(seeds())
     x = build_swiglu_x(seed, num_rows, hidden, dtype, clamp, features)
     inputs = {"x": to_input_tensor(x, dtype)}
@@ -566,8 +576,6 @@ def swiglu_cases(draw) -> Case:
             if "zero_weights" in features:
                 w[rng.random(w.shape) < 0.3] = 0.0
             inputs["topk_weights"] = torch_copy(w)
-    counter = draw(st.sampled_from(("none", "zero", "near_int32", "large")))
     if counter != "none":
-        start = {"zero": (0, 0, 0), "near_int32": (2**31 - 2, 2**32 - 1, 2**31), "large": (2**40, 2**53 + 1, 7)}
-        inputs["clamped_count"] = torch.tensor(start[counter], dtype=torch.int64)
+        inputs["clamped_count"] = torch.tensor(COUNTER_STARTS[counter], dtype=torch.int64)
     return Case(params={"fmt": fmt, "num_per_channels": npc, "clamp": clamp, **options}, inputs=inputs)
