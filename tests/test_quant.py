@@ -721,7 +721,10 @@ SWIGLU_FEATURES = {
     "every_count": lambda c: min(_swiglu_view(c)[5]) > 0,
     "l_at_clamp": lambda c: c.params["clamp"] is not None and bool(np.any(
         ref.as_float64(c.inputs["x"])[:, : c.inputs["x"].shape[1] // 2] == np.float32(c.params["clamp"]))),
-    "counter_near_int32": lambda c: "clamped_count" in c.inputs and int(c.inputs["clamped_count"][0]) == 2**31 - 2,
+    "counter_near_int32": lambda c: "clamped_count" in c.inputs and int(c.inputs["clamped_count"][0]) == 2**31 - 1,
+    "counter_near_uint32_with_clamps": lambda c: ("clamped_count" in c.inputs
+                                                  and int(c.inputs["clamped_count"][0]) == 2**32 - 1
+                                                  and min(_swiglu_view(c)[5]) > 0),
     "sigmoid_underflow": lambda c: bool(np.any(ref.as_float64(c.inputs["x"])[:, : c.inputs["x"].shape[1] // 2]
                                                < -88)),
     "nonfinite": lambda c: not bool(np.isfinite(ref.as_float64(c.inputs["x"])).all()),
