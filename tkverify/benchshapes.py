@@ -29,13 +29,17 @@ def routing(tokens: int, experts: int, slots: int, alignment: int, device: torch
             ) -> dict[str, Any]:
     """A realistic routing: each token's `slots` distinct experts, uniformly drawn, no masked slot.
 
-    Returns topk_idx (int64 (T, K)), and the eager fused_mapping of it:
-    token_topk_to_pos, pos_to_token_topk and the expanded row count N.
+    Returns topk_idx (int64 (T, K)), and the fused_mapping of it (the oracle's: tkverify
+    depends on no implementation): token_topk_to_pos, pos_to_token_topk and the row count N.
     """
-    from kernels.torch import moe
+    from references import moe
 
     g = generator(device, seed)
     topk_idx = torch.rand(tokens, experts, device=device, generator=g).argsort(dim=1)[:, :slots].contiguous()
-    mapping = moe.fused_mapping(topk_idx, experts, alignment)
-    return {"topk_idx": topk_idx, "pos_to_token": mapping[0], "pos_to_token_topk": mapping[1],
-            "token_topk_to_pos": mapping[2], "num_rows": int(mapping[5])}
+    mapping = moe.fused_mapping(topk_idx.cpu(), experts, alignment)
+
+    def on_device(a: Any) -> torch.Tensor:
+        return torch.from_numpy(a).to(device)
+
+    return {"topk_idx": topk_idx, "pos_to_token": on_device(mapping[0]), "pos_to_token_topk": on_device(mapping[1]),
+            "token_topk_to_pos": on_device(mapping[2]), "num_rows": int(mapping[5])}

@@ -489,11 +489,10 @@ def bench_forward_inputs(device: Any, tokens: int = BENCH_TOKENS, heads: int = B
 
 def bench_backward_inputs(device: Any, tokens: int = BENCH_TOKENS, heads: int = BENCH_HEADS,
                           hidden: int = BENCH_HIDDEN) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-    """(kwargs, params) of one backward call: the saved d, g, rx, rk from the eager forward on `device`."""
-    from kernels.torch.engram import engram_gate_fwd
-
+    """(kwargs, params) of one backward call: the saved d, g, rx, rk of the float64 oracle's forward,
+    rounded to fp32 (what a forward saves; tkverify depends on no implementation)."""
     inputs, params = bench_forward_inputs(device, tokens, heads, hidden)
-    _, d, g, rx, rk = engram_gate_fwd(**inputs, **params)
+    _, d, g, rx, rk = (t.to(device=device, dtype=torch.float32) for t in ref.engram_gate_fwd(**inputs, **params))
     gen = torch.Generator(device=device).manual_seed(1)
     grad_out = torch.randn(inputs["x"].shape, generator=gen, device=device).to(torch.bfloat16)
     return {"grad_out": grad_out, **inputs, "d": d, "g": g, "rx": rx, "rk": rk}, params
