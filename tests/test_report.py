@@ -93,3 +93,14 @@ def test_shard_summary_checks_that_the_merge_is_the_union(tmp_path):
     doc["results"][0]["count"] -= 1  # a merge that lost an element
     (tmp_path / "report.json").write_text(json.dumps(doc))
     assert not shard_summary(tmp_path)[1]
+
+
+def test_op_specific_figures_are_rendered_with_their_meaning(tmp_path):
+    c = Collector()
+    comparison = Comparison("out", "fp32", "within", 16, 16, 2.0, 3.0, {"0": 16}, True,
+                            extra={"max_sum_deviation": 0.25, "oracle_max_sum_deviation": 0.125})
+    c.add("mhc.sinkhorn", "tilelang", comparison)
+    paths = write_report(tmp_path, list(c.rows.values()), meta("ci", "tilelang"))
+    text = paths["md"].read_text()
+    assert "## Op-specific figures" in text and "largest |row or column sum - 1|" in text
+    assert "| mhc.sinkhorn | out | fp32 | tilelang | 0.25 | 0.125 |" in text

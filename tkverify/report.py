@@ -473,10 +473,33 @@ def render_markdown(doc: dict[str, Any]) -> str:
             w = r.get("worst") or {}
             out.append(f"- {r['op']}:{r['output']} [{r['impl']}] worst at {w.get('index')}: actual "
                        f"{w.get('actual')}, expected {w.get('expected')}, ULP {w.get('ulp')} ({w.get('case', '')})")
+    out += extras_markdown(rows)
     out += gradients_markdown(grads)
     out += unsupported_markdown(doc.get("unsupported", []))
     out += speed_markdown(doc.get("speed", []))
     return "\n".join(out) + "\n"
+
+
+EXTRA_MEANINGS = {
+    "max_sum_deviation": "largest |row or column sum - 1| of the implementation's output",
+    "oracle_max_sum_deviation": "the same of the float64 oracle's output, on the same cases",
+    "max_allowed_ulp": "widest bound a comparison allowed, in ULPs of the output format",
+    "max_bound_used": "largest share of its bound an element used (1 = at the bound)",
+}
+
+
+def extras_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """Figures an op's policy adds beyond ULPs (e.g. Sinkhorn's sum deviations), per row."""
+    rows = [r for r in rows if r.get("extra")]
+    if not rows:
+        return []
+    keys = sorted({k for r in rows for k in r["extra"]})
+    out = ["", "## Op-specific figures", ""]
+    out += [f"- `{k}`: {EXTRA_MEANINGS.get(k, 'see the op spec')}" for k in keys]
+    out += ["", _md_table([["op", "output", "format", "impl", *keys],
+                           *[[r["op"], r["output"], r["format"], r["impl"],
+                              *(f"{r['extra'][k]:.3g}" if k in r["extra"] else "-" for k in keys)] for r in rows]])]
+    return out
 
 
 def _svg_histogram(hist: dict[str, int], width: int = 220, height: int = 60) -> str:
