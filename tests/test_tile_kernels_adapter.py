@@ -331,3 +331,23 @@ def test_sinkhorn_refuses_m_that_is_not_a_power_of_two_unless_raw(monkeypatch, m
             tk._sinkhorn_size(x)
         monkeypatch.setenv(tk.RAW_ENV, "1")
     tk._sinkhorn_size(x)
+
+
+@pytest.mark.parametrize("shape, strides", [((1, 1), (1, 4)), ((1, 1), (4, 4)), ((3, 1), (1, 4)), ((1, 2), (1, 4))])
+def test_a_packed_sf_with_a_size_one_dim_and_odd_strides_converts(shape, strides):
+    """tile-kernels 2.1.0's per_block_cast of x (128, 128), (128, 128) blocks, TMA column-major
+    ue8m0: its packed sf is (1, 1) with strides (1, 4), which torch calls contiguous; the adapter
+    raised 'self.stride(-1) must be 1 to view Int as Byte' (the H200 run of 2026-11-29)."""
+    words = torch.arange(1, 1 + math.prod(shape), dtype=torch.int32) * 0x01010101
+    theirs = torch.empty_strided(shape, strides, dtype=torch.int32)
+    theirs.copy_(words.reshape(shape))
+    rows, cols = shape[0], 4 * shape[1] - 1
+    expected = words.reshape(shape).contiguous().view(torch.uint8).reshape(rows, 4 * shape[1])[:, :cols]
+    assert torch.equal(tk.packed_to_bytes(theirs, cols), expected)
+    ours = tk.our_sf(theirs, rows, cols, use_ue8m0=True, use_packed_ue8m0=False, column_major=True)
+    assert torch.equal(ours, expected) and ours.stride(0) == 1
+    assert torch.equal(tk.sf_as_fp32(theirs, cols), tk.ue8m0_to_fp32(expected))
+    along_rows = torch.empty_strided(shape, strides, dtype=torch.int32)
+    along_rows.copy_(words.reshape(shape))
+    assert torch.equal(tk.row_packed_to_bytes(along_rows, 4 * shape[0]),
+                       tk.row_packed_to_bytes(words.reshape(shape).clone(), 4 * shape[0]))

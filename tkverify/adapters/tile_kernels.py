@@ -168,13 +168,20 @@ def store_tma_column_major(values: torch.Tensor) -> torch.Tensor:
     return store(values)
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """t with row-major strides, so that it can be viewed as bytes.  contiguous() is not enough: a
+    tensor with a size-1 dim counts as contiguous whatever that dim's stride, and tile-kernels'
+    TMA column-major sf of one row and one word has strides (1, 4), which view(uint8) refuses."""
+    return t if t.stride(-1) == 1 and t.is_contiguous() else t.new_empty(t.shape).copy_(t)
+
+
 def packed_to_bytes(packed: torch.Tensor, cols: int) -> torch.Tensor:
     """uint8 (rows, cols): the ue8m0 bytes of packed int32 words (rows, ceil(cols/4)), 4 per
     word along the columns, the first in the low byte (any strides)."""
     rows, words = packed.shape
     if packed.numel() == 0:  # T = 0: no bytes to move (and an empty view keeps any strides, odd ones too)
         return torch.empty((rows, min(cols, 4 * words)), dtype=torch.uint8, device=packed.device)
-    return packed.contiguous().view(torch.uint8).reshape(rows, 4 * words)[:, :cols]
+    return _dense(packed).view(torch.uint8).reshape(rows, 4 * words)[:, :cols]
 
 
 def bytes_to_packed(codes: torch.Tensor) -> torch.Tensor:
@@ -192,7 +199,7 @@ def row_packed_to_bytes(packed: torch.Tensor, rows: int) -> torch.Tensor:
     words, cols = packed.shape
     if packed.numel() == 0:
         return torch.empty((min(rows, 4 * words), cols), dtype=torch.uint8, device=packed.device)
-    b = packed.contiguous().view(torch.uint8).reshape(words, cols, 4)
+    b = _dense(packed).view(torch.uint8).reshape(words, cols, 4)
     return b.permute(0, 2, 1).reshape(words * 4, cols)[:rows]
 
 
