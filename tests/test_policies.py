@@ -204,3 +204,22 @@ def test_summation_non_finite_and_shape():
     assert not summation().compare("out", torch.zeros(3), bound).passed
     with pytest.raises(TypeError, match="ErrorBound"):
         summation().compare("out", torch.zeros(4), np.zeros(4))
+
+
+def test_summation_lets_a_sum_past_the_overflow_threshold_round_to_infinity():
+    """Found by a 300-example fuzz run of mhc.post (tests/regressions/mhc.post-bf16-overflow-to-inf):
+    a finite exact sum beyond bf16's overflow threshold correctly rounds to -inf."""
+    from tkverify.policies import ErrorBound, summation
+
+    bf16_max = 3.3895313892515355e38
+    half_ulp = 2.0**119  # half of bf16's ULP at its largest binade: the threshold is bf16_max + 2^119
+    exact = np.array([-3.51273687e38, -(bf16_max + half_ulp) + 2.0**110, 1e38])
+    bound = ErrorBound(exact, np.array([0.0, 2.0**111, 0.0]), "bf16")
+    rounded = torch.tensor([-math.inf, -math.inf, 1e38], dtype=torch.bfloat16)
+    # 0: past the threshold; 1: below it by 2^110 but within its error bound of it; 2: ordinary.
+    assert summation().compare("out", rounded, bound).passed
+    finite_max = torch.tensor([-bf16_max, -bf16_max, 1e38], dtype=torch.bfloat16)
+    c = summation().compare("out", finite_max, bound)
+    assert not c.passed and "index (0,)" in c.message  # past the threshold a finite result is wrong
+    no_room = ErrorBound(np.array([-3.0e38]), np.array([0.0]), "bf16")
+    assert not summation().compare("out", torch.tensor([-math.inf], dtype=torch.bfloat16), no_room).passed

@@ -477,7 +477,10 @@ class Summation(Policy):
         allowed = self.allowance(fmt, exact, error)
         with np.errstate(invalid="ignore"):
             deviation = np.abs(y - exact)
-            ok = np.where(np.isfinite(exact), np.isfinite(y) & (deviation <= allowed),
+            # A finite sum whose accumulated value may reach the overflow threshold may round to
+            # that infinity (and must, once every value the bound allows is past it).
+            overflows = self.may_overflow(fmt, exact, error) & (y == np.copysign(np.inf, exact))
+            ok = np.where(np.isfinite(exact), (np.isfinite(y) & (deviation <= allowed)) | overflows,
                           (np.isnan(exact) & np.isnan(y)) | (y == exact))
         comp = _compare_codes(output, fmt, codes, exact, "summation", "|y - exact| <= summation bound",
                               None, None, bitwise=False, ok=ok)
@@ -493,6 +496,16 @@ class Summation(Policy):
             comp.message += (f"; allowed +-{_fmt_value(allowed[at])} "
                              f"({_fmt_value(allowed[at] / ulp_of_exact[at])} ULP) there")
         return comp
+
+    @staticmethod
+    def may_overflow(fmt: formats.Format, exact: np.ndarray, error: np.ndarray) -> np.ndarray:
+        """Where the accumulated value, within `error` of `exact`, can reach the format's overflow
+        threshold (max finite + half its ULP: a tie there rounds to the infinity, max being odd)."""
+        if not fmt.has_inf:
+            return np.zeros(exact.shape, bool)
+        threshold = fmt.max_finite + 0.5 * float(fmt.ulp(np.float64(fmt.max_finite)))
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.abs(exact) + error >= threshold
 
     def allowance(self, fmt: formats.Format, exact: np.ndarray, error: np.ndarray) -> np.ndarray:
         """The largest |y - exact| allowed per element: the accumulation's error and the final rounding."""
