@@ -141,3 +141,16 @@ def test_timing_a_copy_on_cuda():
     (row,) = doc["rows"]
     assert row["time_us"] > 0 and row["kernel_us"] > 0 and 0 < row["of_copy"] < 2
     assert doc["unavailable"][0]["impl"] == "tile_kernels"
+
+
+def test_notes_say_only_what_the_measurements_show():
+    from tkverify.bench import measured_notes
+
+    base = {"target": 0.9, "met": False, "of_copy": 0.79, "of_write": 1.01, "time_us": 700.0, "kernel_us": 690.0}
+    assert measured_notes(base) == ["101% of the write-only fill rate: the ceiling if most of its bytes are writes"]
+    host = dict(base, of_write=0.5, time_us=246.0, kernel_us=98.0)
+    assert measured_notes(host) == ["eager call 148 us above its device time (host work)"]
+    assert measured_notes(dict(base, of_write=0.3)) == ["below target; not explained by these measurements"]
+    assert measured_notes(dict(base, met=True, of_write=1.3)) == []
+    uncapturable = dict(base, of_write=0.1, kernel_us=None, graph_error="RuntimeError: operation not permitted")
+    assert measured_notes(uncapturable) == ["not capturable in a CUDA graph (RuntimeError): eager time only"]

@@ -243,6 +243,7 @@ def derive(doc: dict[str, Any]) -> dict[str, Any]:
         row["of_write"] = row["bytes"] / (t * 1e-6) / (write * 1e12) if write else None
         row["TFLOPs"] = row["flops"] / (t * 1e-6) / 1e12 if row.get("flops") else None
         row["met"] = None if row.get("target") is None else row["of_copy"] >= row["target"]
+        row["notes"] = measured_notes(row)
     for row in doc["rows"]:
         t = best.get((row["op"], row["shape"], row["impl"]))
         row["vs"] = {}
@@ -251,6 +252,25 @@ def derive(doc: dict[str, Any]) -> dict[str, Any]:
                     and t is not None:
                 row["vs"][impl] = other / t
     return doc
+
+
+HOST_GAP_US = 20.0  # eager time above the graph time by more than this (and a quarter): host-bound
+
+
+def measured_notes(row: dict[str, Any]) -> list[str]:
+    """What the row's own measurements say bounds it (nothing is guessed: a target missed for a
+    reason these figures do not show is marked as such)."""
+    notes = []
+    if row.get("met") is False and row.get("of_write") is not None and row["of_write"] >= 0.95:
+        notes.append(f"{row['of_write']:.0%} of the write-only fill rate: the ceiling if most of its bytes are writes")
+    eager, kernel = row.get("time_us"), row.get("kernel_us")
+    if eager and kernel and eager - kernel > max(HOST_GAP_US, 0.25 * kernel):
+        notes.append(f"eager call {eager - kernel:.0f} us above its device time (host work)")
+    if row.get("graph_error"):
+        notes.append(f"not capturable in a CUDA graph ({row['graph_error'].split(':')[0]}): eager time only")
+    if row.get("met") is False and not notes:
+        notes.append("below target; not explained by these measurements")
+    return notes
 
 
 def best_time_us(row: dict[str, Any]) -> float | None:
@@ -351,18 +371,19 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {op} | {shape} | " + " | ".join(cells) + " |")
     lines += ["", "## Every row", "",
               "| op | shape | impl | time us | kernel us | TB/s | of copy | of write | TFLOP/s | target | met | "
-              "vs tile_kernels |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "vs tile_kernels | notes (from these measurements) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | error: {r['error']} |"
-                         + " |" * 8)
+                         + " |" * 9)
             continue
         vs = ", ".join(f"{k}: {v:.2f}x" for k, v in sorted(r.get("vs", {}).items())) or "-"
         target = "-" if r.get("target") is None else f"{r['target']:.0%}"
         met = {None: "-", True: "yes", False: "**no**"}[r.get("met")]
         lines.append(f"| {r['op']} | {r['shape']} | {r['impl']} | {_fmt(r.get('time_us'))} | "
                      f"{_fmt(r.get('kernel_us'))} | {_fmt(r.get('TBps'), '.2f')} | {_fmt(r.get('of_copy'), '.0%')} | "
-                     f"{_fmt(r.get('of_write'), '.0%')} | {_fmt(r.get('TFLOPs'), '.2f')} | {target} | {met} | {vs} |")
+                     f"{_fmt(r.get('of_write'), '.0%')} | {_fmt(r.get('TFLOPs'), '.2f')} | {target} | {met} | {vs} | "
+                     f"{'; '.join(r.get('notes', [])) or '-'} |")
     if doc.get("unavailable"):
         lines += ["", "## Not run", ""]
         lines += [f"- {u['op']} [{u['shape']}] {u['impl']}: {u['reason']}" for u in doc["unavailable"]]
