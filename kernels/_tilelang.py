@@ -115,7 +115,6 @@ def global_function_name(func) -> str:
     return f"{func.attrs['global_symbol']}_kernel"
 
 
-@functools.lru_cache(maxsize=None)
 def _compile(kernel: KernelDef, config: Hashable, arch: str):
     # The target dict must be built identically everywhere (precompile and
     # run time): it is part of tilelang's disk-cache key.
@@ -141,9 +140,36 @@ def compiled_kernel(kernel: KernelDef, config: Hashable, target: dict[str, str])
     return compiled
 
 
-# (kernel name, config, arch) -> compiled kernel: the launch path's lookup, cheaper than
-# hashing the KernelDef (all its configurations) on every call.
+# (kernel name, config, arch) -> compiled kernel: compiled once per process, and looked up on
+# the launch path without hashing the KernelDef (all its configurations) on every call.
 _COMPILED: dict[tuple[str, Hashable, str | None], Any] = {}
+
+
+def kernel_for(kernel: KernelDef, config: Hashable, device: torch.device):
+    """The compiled kernel of (kernel, config) for the CUDA device `device`."""
+    return compiled_kernel(kernel, config, target_for(device))
+
+
+# Grids are 1-D with at most 2^31 - 1 CTAs: longer launches go in pieces.
+MAX_BLOCKS_PER_LAUNCH = 2**31 - 1
+
+
+def launch_in_pieces(kernel, total_blocks: int, *args) -> None:
+    """Call `kernel(*args, num_blocks, block_offset)` over logical blocks [0, total_blocks)."""
+    for offset in range(0, total_blocks, MAX_BLOCKS_PER_LAUNCH):
+        kernel(*args, min(MAX_BLOCKS_PER_LAUNCH, total_blocks - offset), offset)
+
+
+def aligned(t: torch.Tensor, nbytes: int = 16) -> torch.Tensor:
+    """t itself, or a copy where its data does not start on an `nbytes` boundary (a view at an odd
+    offset): the kernels' vector loads need the aligned start."""
+    return t if t.data_ptr() % nbytes == 0 else t.clone()
+
+
+def require_cuda(name: str, t: torch.Tensor) -> None:
+    """After the eager checks (which put every tensor on `name`'s device): the kernels run on CUDA only."""
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
 
 
 def device_guard(device: torch.device):

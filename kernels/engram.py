@@ -110,7 +110,6 @@ THREAD_COUNTS = (128, 512, 896)  # threads of a CTA: rows up to 8 * threads elem
 # Every global access is guarded by hand, and every barrier placed by hand (the reduction's
 # alternating slots need one a row; the automatic insertion would add a second).
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True}
-MAX_BLOCKS_PER_LAUNCH = 2**31 - 1
 
 # Forward CTAs of each configuration resident on one SM (asked for through the launch bounds):
 # the forward's grid is one such wave (the results do not depend on it).
@@ -590,14 +589,9 @@ def _check_kernel_domain(named: tuple[tuple[str, torch.Tensor], ...], tokens: in
         raise ValueError(f"x: T * hc must be at most {_tilelang.MAX_DIM} (int32 row indices), got {tokens * heads}")
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """t itself, or a copy where its data is not 16-byte aligned (a view at an odd offset)."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 def _words(t: torch.Tensor) -> torch.Tensor:
     """A bf16 tensor as int32 words (two elements each), last axis halved."""
-    return _aligned(t).view(torch.int32)
+    return _tilelang.aligned(t).view(torch.int32)
 
 
 def _row_constants(hidden: int) -> tuple[float, float]:
@@ -636,13 +630,13 @@ def engram_gate_fwd(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.
     if tokens == 0:
         return (out, *saved)
     config = config_for_hidden(hidden)
-    kernel = _tilelang.compiled_kernel(GATE_FWD, config, _tilelang.target_for(x.device))
+    kernel = _tilelang.kernel_for(GATE_FWD, config, x.device)
     scale, inv_h = _row_constants(hidden)
     per_block = forward_tokens_per_block(tokens, heads, config.threads, _multiprocessors(x.device.index or 0))
     num_blocks = -(-tokens // per_block) * heads
     with _tilelang.device_guard(x.device):
-        kernel(_words(x), _words(k), _words(v), _aligned(w).view(-1), out, *saved, eps, clamp, scale, inv_h,
-               per_block, num_blocks)
+        kernel(_words(x), _words(k), _words(v), _tilelang.aligned(w).view(-1), out, *saved, eps, clamp, scale,
+               inv_h, per_block, num_blocks)
     return (out, *saved)
 
 
@@ -674,7 +668,8 @@ def engram_gate_bwd(grad_out: torch.Tensor, x: torch.Tensor, k: torch.Tensor, v:
     scale, inv_h = _row_constants(hidden)
     per_block, num_blocks = backward_blocks(tokens)
     partials = torch.empty((num_blocks, heads, hidden), dtype=torch.float32, device=x.device)
-    flat = [_words(t).view(-1) for t in (grad_out, x, k, v)] + [_aligned(t).view(-1) for t in (w, d, g, rx, rk)]
+    flat = [_words(t).view(-1) for t in (grad_out, x, k, v)]
+    flat += [_tilelang.aligned(t).view(-1) for t in (w, d, g, rx, rk)]
     with _tilelang.device_guard(x.device):
         kernel(*flat, grad_x.view(-1), grad_k.view(-1), grad_v.view(-1), partials.view(-1), tokens, heads,
                hidden // CHUNK, clamp, scale, inv_h, per_block, num_blocks)

@@ -82,9 +82,9 @@ from . import _tilelang
 from ._tilelang import KernelDef
 from .torch import mhc as eager_mhc
 
-MIN_M, MAX_M = 2, 8
-DEFAULT_REPEAT = 10
-DEFAULT_EPS = 1e-6
+# The contract's limits and defaults are the eager module's (kernels/torch/mhc.py).
+MIN_M, MAX_M = eager_mhc.MIN_M, eager_mhc.MAX_M
+DEFAULT_REPEAT, DEFAULT_EPS = eager_mhc.DEFAULT_REPEAT, eager_mhc.DEFAULT_EPS
 # Every global access is guarded by hand.  The Sinkhorn kernels place their own barriers: a
 # thread reads and writes only its own matrix's words of a stage, so only the coalesced phases
 # need one (tilelang's planner cannot see that and would add a barrier per unrolled row).
@@ -104,7 +104,6 @@ MAX_REPEAT = 2**29  # 2 repeat - 1 normalisations fit an int32
 MIX_THREADS = 128
 MIX_VECTOR = 8  # bf16 per 16 bytes
 ELEMENTWISE_THREADS = 256
-MAX_BLOCKS_PER_LAUNCH = 2**31 - 1
 
 PRELUDE = r"""
 #ifndef TKM_PRELUDE
@@ -582,7 +581,6 @@ def _check_params(repeat: object, eps: object) -> tuple[int, float]:
     return repeat, eps
 
 
-
 def _pieces(num_matrices: int, m: int):
     """(first element, element count, matrix count) of each launch."""
     for start in range(0, num_matrices, MAX_MATRICES_PER_LAUNCH):
@@ -598,7 +596,7 @@ def sinkhorn(x: torch.Tensor, repeat: int = DEFAULT_REPEAT, eps: float = DEFAULT
     num_matrices = x.numel() // (m * m)
     if num_matrices == 0:
         return out
-    kernel = _tilelang.compiled_kernel(SINKHORN, SinkhornConfig(_padded(m)), _tilelang.target_for(x.device))
+    kernel = _tilelang.kernel_for(SINKHORN, SinkhornConfig(_padded(m)), x.device)
     flat_x, flat_out = x.view(-1), out.view(-1)
     exact = int(eps < EXACT_DIVISION_BELOW)
     with _tilelang.device_guard(x.device):
@@ -623,7 +621,7 @@ def sinkhorn_bwd(grad_out: torch.Tensor, x: torch.Tensor, repeat: int = DEFAULT_
     if num_matrices == 0:
         return grad_x
     padded = _padded(m)
-    kernel = _tilelang.compiled_kernel(SINKHORN_BWD, SinkhornConfig(padded), _tilelang.target_for(x.device))
+    kernel = _tilelang.kernel_for(SINKHORN_BWD, SinkhornConfig(padded), x.device)
     steps = 2 * repeat - 1
     interval, slots = checkpoint_interval(steps, padded)
     flat_g, flat_x, flat_out = grad_out.view(-1), x.view(-1), grad_x.view(-1)
@@ -635,26 +633,8 @@ def sinkhorn_bwd(grad_out: torch.Tensor, x: torch.Tensor, repeat: int = DEFAULT_
     return grad_x
 
 
-class Sinkhorn(torch.autograd.Function):
-    """P = Sinkhorn.apply(x, repeat, eps), differentiable in x; only x is saved."""
-
-    @staticmethod
-    def forward(ctx, x, repeat=DEFAULT_REPEAT, eps=DEFAULT_EPS):
-        p = sinkhorn(x, repeat, eps)
-        ctx.save_for_backward(x)
-        ctx.repeat, ctx.eps = repeat, eps
-        return p
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        return sinkhorn_bwd(grad_out.contiguous(), x, ctx.repeat, ctx.eps), None, None
-
-
-def _require_cuda(name: str, t: torch.Tensor) -> None:
-    """After the eager checks (which put every tensor on `name`'s device): the kernels need CUDA."""
-    if t.device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
+# P = Sinkhorn.apply(x, repeat, eps) over the two kernels, differentiable in x; only x is saved.
+Sinkhorn = eager_mhc.sinkhorn_function(sinkhorn, sinkhorn_bwd)
 
 
 def _check_tokens_fit(name: str, t: torch.Tensor, per_token: int) -> None:
@@ -663,21 +643,14 @@ def _check_tokens_fit(name: str, t: torch.Tensor, per_token: int) -> None:
         raise ValueError(f"{name}: at most {_tilelang.MAX_DIM} elements per token, got shape {tuple(t.shape)}")
 
 
-def _launch_in_pieces(kernel, total_blocks: int, *args) -> None:
-    # kernels taking (num_blocks, block_offset) last: 1-D grids stay below 2^31 blocks
-    for offset in range(0, total_blocks, MAX_BLOCKS_PER_LAUNCH):
-        kernel(*args, min(MAX_BLOCKS_PER_LAUNCH, total_blocks - offset), offset)
-
-
 def _launch_mix(kernel_def: KernelDef, tokens: int, hidden: int, aligned: tuple, *args) -> None:
     """pre_apply_mix / post: the vectorised configuration when H % 8 == 0 and every bf16 tensor is aligned."""
     vectorized = hidden % MIX_VECTOR == 0 and all(t.data_ptr() % 16 == 0 for t in aligned)
     vec = MIX_VECTOR if vectorized else 1
     device = aligned[0].device
-    kernel = _tilelang.compiled_kernel(kernel_def, MixConfig(vectorized), _tilelang.target_for(device))
+    kernel = _tilelang.kernel_for(kernel_def, MixConfig(vectorized), device)
     with _tilelang.device_guard(device):
-        _launch_in_pieces(kernel, tokens * -(-(hidden // vec) // MIX_THREADS), *args)
-
+        _tilelang.launch_in_pieces(kernel, tokens * -(-(hidden // vec) // MIX_THREADS), *args)
 
 
 def pre_split_mixes(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, m: int, post_mult: float,
@@ -688,7 +661,7 @@ def pre_split_mixes(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor
     + pre_eps, post = sigmoid(u[m:2m]) * post_mult, comb = u[2m:] as (m, m); sigmoid = 1 / (1 + exp(-u)).
     """
     m, post_mult, pre_eps = eager_mhc._check_pre_split_mixes_args(mixes, scale, base, m, post_mult, pre_eps)
-    _require_cuda("mixes", mixes)
+    _tilelang.require_cuda("mixes", mixes)
     width = m * (m + 2)
     a, b = mixes.shape[:2]
     pre = torch.empty((a, b, m, 1), dtype=torch.float32, device=mixes.device)
@@ -699,10 +672,10 @@ def pre_split_mixes(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor
         return pre, post, comb
     if tokens > _tilelang.MAX_DIM:
         raise ValueError(f"mixes: at most {_tilelang.MAX_DIM} tokens (a * b), got shape {tuple(mixes.shape)}")
-    kernel = _tilelang.compiled_kernel(PRE_SPLIT_MIXES, SPLIT_CONFIGS[0], _tilelang.target_for(mixes.device))
+    kernel = _tilelang.kernel_for(PRE_SPLIT_MIXES, SPLIT_CONFIGS[0], mixes.device)
     total_blocks = -(-tokens * width // ELEMENTWISE_THREADS)
     with _tilelang.device_guard(mixes.device):
-        _launch_in_pieces(kernel, total_blocks, mixes.view(tokens, width), scale, base, pre.view(tokens, m),
+        _tilelang.launch_in_pieces(kernel, total_blocks, mixes.view(tokens, width), scale, base, pre.view(tokens, m),
                           post.view(tokens, m), comb.view(tokens, m * m), post_mult, pre_eps)
     return pre, post, comb
 
@@ -713,7 +686,7 @@ def pre_apply_mix(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
     x bf16 (a, b, m, H), H >= 1, 2 <= m <= 8; mix fp32 (a, b, m, 1).
     """
     eager_mhc._check_pre_apply_mix_args(x, mix)
-    _require_cuda("x", x)
+    _tilelang.require_cuda("x", x)
     a, b, m, hidden = x.shape
     _check_tokens_fit("x", x, m * hidden)
     out = torch.empty((a, b, hidden), dtype=torch.bfloat16, device=x.device)
@@ -733,7 +706,7 @@ def post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torc
     """
     post_weights = post
     m = eager_mhc._check_post_args(x, residual, post_weights, comb)
-    _require_cuda("x", x)
+    _tilelang.require_cuda("x", x)
     a, b, hidden = x.shape
     _check_tokens_fit("residual", residual, m * hidden)
     out = torch.empty((a, b, m, hidden), dtype=torch.bfloat16, device=x.device)

@@ -257,7 +257,7 @@ def topk_gate(scores: torch.Tensor, k: int) -> torch.Tensor:
     out = torch.empty((num_tokens, k), dtype=torch.int64, device=scores.device)
     if num_tokens == 0:
         return out
-    kernel = _tilelang.compiled_kernel(TOPK_GATE, config_for_experts(num_experts), _tilelang.target_for(scores.device))
+    kernel = _tilelang.kernel_for(TOPK_GATE, config_for_experts(num_experts), scores.device)
     with _tilelang.device_guard(scores.device):
         for start in range(0, num_tokens, MAX_ROWS_PER_LAUNCH):
             stop = min(start + MAX_ROWS_PER_LAUNCH, num_tokens)
@@ -277,7 +277,6 @@ NORMALIZE_EPS = 1e-20
 # Every access is guarded by hand (see the module docstring).
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 # Grids are 1-D; larger launches are cut into pieces of at most this many blocks.
-MAX_BLOCKS_PER_LAUNCH = 2**31 - 1
 
 RAW_DTYPES = {1: "uint8", 2: "int16", 4: "int32"}
 RAW_TORCH_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
@@ -285,12 +284,6 @@ RAW_TORCH_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 def _ceildiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _launch_in_pieces(kernel, total_blocks: int, *args) -> None:
-    """Call `kernel(*args, num_blocks, block_offset)` over logical blocks [0, total_blocks)."""
-    for offset in range(0, total_blocks, MAX_BLOCKS_PER_LAUNCH):
-        kernel(*args, min(MAX_BLOCKS_PER_LAUNCH, total_blocks - offset), offset)
 
 
 # ---------------------------------------------------------------- group_count
@@ -377,7 +370,7 @@ def group_count(idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     if idx.numel() == 0:
         return counts
     config = GroupCountConfig("int64" if idx.dtype == torch.int64 else "int32")
-    kernel = _tilelang.compiled_kernel(GROUP_COUNT, config, _tilelang.target_for(idx.device))
+    kernel = _tilelang.kernel_for(GROUP_COUNT, config, idx.device)
     with _tilelang.device_guard(idx.device):
         kernel(idx.reshape(-1), counts)
     return counts
@@ -828,7 +821,7 @@ def _expand_rows(src: torch.Tensor, token_topk_to_pos: torch.Tensor, row_src: to
                          f"(at most {_tilelang.MAX_DIM} units of {unit} bytes)")
     tiles = _ceildiv(num_units, EXPAND_THREADS)
     total = (src.shape[0] + _ceildiv(out.shape[0], PAD_ROWS)) * tiles
-    _launch_in_pieces(kernel, total, _as_units(src, unit), token_topk_to_pos, row_src, _as_units(out, unit))
+    _tilelang.launch_in_pieces(kernel, total, _as_units(src, unit), token_topk_to_pos, row_src, _as_units(out, unit))
 
 
 def _expand_sf_columns(x_sf: torch.Tensor, row_src: torch.Tensor, num_rows: int, target) -> torch.Tensor:
@@ -843,7 +836,7 @@ def _expand_sf_columns(x_sf: torch.Tensor, row_src: torch.Tensor, num_rows: int,
     flat_in = torch.as_strided(x_sf, ((num_cols - 1) * in_stride + num_tokens,), (1,))
     raw = RAW_TORCH_DTYPES[width]
     total = _ceildiv(num_cols * rows_padded, SF_THREADS)
-    _launch_in_pieces(kernel, total, flat_in.view(raw), row_src, storage.view(raw), in_stride)
+    _tilelang.launch_in_pieces(kernel, total, flat_in.view(raw), row_src, storage.view(raw), in_stride)
     return storage.T[:num_rows]
 
 
@@ -1020,14 +1013,14 @@ def reduce_fused(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos:
     vec = REDUCE_VECTOR[name]
     vectorized = hidden % vec == 0 and x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0
     config = ReduceConfig(name, vectorized)
-    kernel = _tilelang.compiled_kernel(REDUCE_FUSED, config, _tilelang.target_for(x.device))
+    kernel = _tilelang.kernel_for(REDUCE_FUSED, config, x.device)
     total = num_tokens * _ceildiv(hidden // vec if vectorized else hidden, REDUCE_THREADS)
     # fp8 data goes in as its own dtype (tilelang converts it); one sf per row, stride 1.
     args = (x, topk_weights, token_topk_to_pos)
     if x_sf is not None:
         args += (torch.as_strided(x_sf, (num_rows,), (1,)),)
     with _tilelang.device_guard(x.device):
-        _launch_in_pieces(kernel, total, *args, out)
+        _tilelang.launch_in_pieces(kernel, total, *args, out)
     return out
 
 
@@ -1090,7 +1083,7 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     weights = torch.empty_like(topk_weights)
     if num_tokens == 0:
         return denom, weights
-    kernel = _tilelang.compiled_kernel(NORMALIZE_WEIGHT, NORMALIZE_CONFIGS[0], _tilelang.target_for(topk_weights.device))
+    kernel = _tilelang.kernel_for(NORMALIZE_WEIGHT, NORMALIZE_CONFIGS[0], topk_weights.device)
     with _tilelang.device_guard(topk_weights.device):
         kernel(topk_weights, denom, weights)
     return denom, weights

@@ -187,7 +187,6 @@ FAST_CHUNKS_PER_LANE = {("x", "bfloat16"): 4, ("x", "float32"): 2, ("swiglu", "b
 FAST_CHUNKS = {key: chunks * THREADS for key, chunks in FAST_CHUNKS_PER_LANE.items()}
 GENERIC_STEPS = 2  # blocks per lane in the generic (two-pass) path
 MAX_CHUNKS_PER_LAUNCH = 2**26  # token_cast: chunks of y per launch (x indices stay below 2^31)
-MAX_BLOCKS_PER_LAUNCH = 2**31 - 1  # CTAs per launch (1-D grids)
 
 
 def fast_paths(source: str, dtype: str) -> tuple[int, ...]:
@@ -1028,7 +1027,6 @@ def build_cast_back(config: CastBackConfig):
     """prim_func(data, sf views, out (T, H), ...): out = q * sf rounded once to the out dtype."""
     T = _tilelang.T()
     fmt, out_dtype = config
-    unit = UNIT[fmt]
     out_raw = "int16" if out_dtype == "bfloat16" else "float32"
     _, read_scale, _ = _scale_macros(T, fmt)
     num_rows, hidden, n_data, n_s32, n_s8 = T.dynamic("num_rows, hidden, n_data, n_s32, n_s8")
@@ -1105,16 +1103,6 @@ CAST_BACK = KernelDef("quant.cast_back", build_cast_back, CAST_BACK_CONFIGS)
 # =============================================================================
 
 _DATA_DTYPES = {"e4m3": torch.float8_e4m3fn, "e2m1": torch.int8, "e5m6": torch.uint8}
-
-
-def _require_cuda(name: str, t: torch.Tensor) -> None:
-    """The kernels run on CUDA devices only (the eager implementations run anywhere)."""
-    if t.device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
-
-
-def _compiled(kernel: KernelDef, config, device: torch.device):
-    return _tilelang.compiled_kernel(kernel, config, _tilelang.target_for(device))
 
 
 def _words(t: torch.Tensor) -> torch.Tensor:
@@ -1206,15 +1194,14 @@ def _token_launch(config: TokenConfig, x_rows: torch.Tensor, data: torch.Tensor 
     when precomputed).  swiglu: the extra arguments of the swiglu source.
     """
     device = x_rows.device
-    if x_rows.data_ptr() % VECTOR_BYTES:
-        x_rows = x_rows.clone()  # 16-byte vector loads need an aligned start (rows keep it: H % 8 == 0)
+    x_rows = _tilelang.aligned(x_rows, VECTOR_BYTES)  # rows keep the alignment: H % 8 == 0
     num_rows = x_rows.shape[0]
     hidden = x_rows.shape[1] // 2 if swiglu is not None else x_rows.shape[1]
     cols = hidden // num_per_channels
     chunks_per_row = hidden // CHUNK
     path, lanes_log2, blk_k, _ = _token_geometry(config, num_per_channels)
     cols_mul, cols_shift = magic_divisor(cols)
-    kernel = _compiled(TOKEN_CAST, config, device)
+    kernel = _tilelang.kernel_for(TOKEN_CAST, config, device)
     rows_per_launch = max(1, MAX_CHUNKS_PER_LAUNCH // chunks_per_row)
     dummy_words = _tilelang.placeholder(torch.int32, device)
     with _tilelang.device_guard(device):
@@ -1266,7 +1253,7 @@ def per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 1
     """(data, sf) of x (T, H) quantised in blocks of 1 x num_per_channels (see kernels/torch/quant.py)."""
     fmt, n, cm = eager._check_per_token(x, fmt, num_per_channels, round_sf, use_ue8m0, use_packed_ue8m0,
                                         use_tma_aligned_col_major_sf, clamp_min)
-    _require_cuda("x", x)
+    _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     return _token_cast(x, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm, True)
 
@@ -1278,7 +1265,7 @@ def per_token_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", num_per_chan
     """The sf per_token_cast would return, without the data (x is read once, nothing else written)."""
     fmt, n, cm = eager._check_per_token(x, fmt, num_per_channels, round_sf, use_ue8m0, use_packed_ue8m0,
                                         use_tma_aligned_col_major_sf, clamp_min)
-    _require_cuda("x", x)
+    _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     return _token_cast(x, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm,
                        False)[1]
@@ -1289,7 +1276,7 @@ def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: s
     """The data of x (T, H) quantised with a given sf (T, H / num_per_channels) of any storage and strides."""
     fmt, n = eager._check_precomputed_args(x, sf, fmt, num_per_channels)
     num_rows, hidden = x.shape
-    _require_cuda("x", x)
+    _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     device = x.device
     if num_rows == 0:
@@ -1323,7 +1310,7 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
     hidden, fmt, n, cm, c = eager._check_swiglu_args(x, fmt, num_per_channels, topk_weights, pos_to_token_topk,
                                                      clamp, clamped_count, round_sf, use_ue8m0, use_packed_ue8m0,
                                                      use_tma_aligned_col_major_sf, clamp_min)
-    _require_cuda("x", x)
+    _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     device = x.device
     num_rows = x.shape[0]
@@ -1361,10 +1348,10 @@ def _launch_blocks(x: torch.Tensor, data: torch.Tensor, sf: torch.Tensor, fmt: s
     device = x.device
     num_rows, hidden = x.shape
     config = BlockConfig(IN_DTYPES[x.dtype], fmt)
-    kernel = _compiled(BLOCK_CAST, config, device)
+    kernel = _tilelang.kernel_for(BLOCK_CAST, config, device)
     args = _sf_args(sf)
     col_groups = -(-hidden // BLOCK_COLS)
-    block_rows_per_launch = max(1, MAX_BLOCKS_PER_LAUNCH // col_groups)
+    block_rows_per_launch = max(1, _tilelang.MAX_BLOCKS_PER_LAUNCH // col_groups)
     raw = x.view(torch.int16) if x.dtype == torch.bfloat16 else x.view(torch.int32)
     data8 = data.view(torch.uint8)
     with _tilelang.device_guard(device):
@@ -1382,7 +1369,7 @@ def per_block_cast(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | 
     """(data, sf) of x (T, H) quantised in 2-D blocks of bm x bk (sf (ceil(T/bm), H/bk))."""
     fmt, (bm, bk), cm = eager._check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0,
                                                     use_tma_aligned_col_major_sf, clamp_min)
-    _require_cuda("x", x)
+    _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     num_rows, hidden = x.shape
     sf = _new_sf(-(-num_rows // bm), hidden // bk, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
@@ -1400,7 +1387,7 @@ def per_channel_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_tokens: int = 1
     """(data, sf) of x (T, H) quantised in blocks of num_per_tokens x 1 (sf (ceil(T/npt), H))."""
     fmt, n, cm = eager._check_per_channel_args(x, fmt, num_per_tokens, round_sf, use_ue8m0, use_packed_ue8m0,
                                                use_tma_aligned_col_major_sf, clamp_min)
-    _require_cuda("x", x)
+    _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     num_rows, hidden = x.shape
     sf = _new_sf(-(-num_rows // n), hidden, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, x.device)
@@ -1415,14 +1402,14 @@ def cast_back(data: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3", block: tu
     """q * sf per element, correctly rounded to out_dtype (bf16 or fp32), shape (T, H)."""
     fmt, out_dtype, hidden, (bm, bk) = eager._check_cast_back_args(data, sf, fmt, block, out_dtype)
     num_rows = data.shape[0]
-    _require_cuda("data", data)
+    _tilelang.require_cuda("data", data)
     _tilelang.check_dims_fit_int32("data", data)
     device = data.device
     out = torch.empty((num_rows, hidden), dtype=out_dtype, device=device)
     if num_rows == 0:
         return out
     config = CastBackConfig(fmt, "bfloat16" if out_dtype == torch.bfloat16 else "float32")
-    kernel = _compiled(CAST_BACK, config, device)
+    kernel = _tilelang.kernel_for(CAST_BACK, config, device)
     args = _sf_args(sf)
     units_per_row = hidden // UNIT[fmt]
     tiles = -(-units_per_row // BACK_THREADS)
@@ -1434,7 +1421,7 @@ def cast_back(data: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3", block: tu
     flat = _words(flat) if fmt == "e5m6" else flat.reshape(-1)
     out_raw = out.view(torch.int16) if out_dtype == torch.bfloat16 else out
     per_row = flat.numel() // num_rows
-    rows_per_launch = max(1, MAX_BLOCKS_PER_LAUNCH // tiles)
+    rows_per_launch = max(1, _tilelang.MAX_BLOCKS_PER_LAUNCH // tiles)
     with _tilelang.device_guard(device):
         for r0 in range(0, num_rows, rows_per_launch):
             r1 = min(num_rows, r0 + rows_per_launch)

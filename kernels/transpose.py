@@ -50,7 +50,6 @@ WIDTH_OF = {name: width for width, name in RAW_DTYPES.items()}
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 
 # Launches are split along B so that each grid stays below 2**31 blocks.
-MAX_BLOCKS_PER_LAUNCH = 2**31 - 1
 
 
 class TransposeConfig(NamedTuple):
@@ -206,7 +205,7 @@ def _choose_config(x: torch.Tensor, out: torch.Tensor, width: int) -> TransposeC
 def _batches_per_launch(config: TransposeConfig, rows: int, cols: int) -> int:
     side = tile_side(config)
     tiles = -(-rows // side) * -(-cols // side)
-    return max(1, MAX_BLOCKS_PER_LAUNCH // tiles)
+    return max(1, _tilelang.MAX_BLOCKS_PER_LAUNCH // tiles)
 
 
 def batched_transpose(x: torch.Tensor) -> torch.Tensor:
@@ -224,7 +223,7 @@ def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     raw_in = x.view(RAW_TORCH_DTYPES[width])
     raw_out = out.view(RAW_TORCH_DTYPES[width])
     config = _choose_config(x, out, width)
-    kernel = _tilelang.compiled_kernel(BATCHED_TRANSPOSE, config, _tilelang.target_for(x.device))
+    kernel = _tilelang.kernel_for(BATCHED_TRANSPOSE, config, x.device)
     step = _batches_per_launch(config, rows, cols)
     with _tilelang.device_guard(x.device):
         for start in range(0, batch, step):

@@ -457,6 +457,7 @@ NOT_ENTRY_POINTS = {
     "engram.forward_tokens_per_block": "launch geometry arithmetic",
     "engram.backward_blocks": "launch geometry arithmetic",
     "mhc.checkpoint_interval": "the backward's checkpoint arithmetic",
+    "mhc.sinkhorn_function": "builds the autograd Function of a (fwd, bwd) pair (covered by Sinkhorn's table)",
     "transpose.tile_side": "a TileLang tile size",
 }
 

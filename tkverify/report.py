@@ -15,7 +15,7 @@ import math
 import os
 import subprocess
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -132,15 +132,22 @@ class Collector:
                                     "unsupported": unsupported}, default=str))
 
 
-def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    merged: dict[tuple[str, ...], dict[str, Any]] = {}
+def fold_shards(paths: Iterable[Path], section: str, key_fields: tuple[str, ...],
+                new: Callable[[dict[str, Any]], dict[str, Any]],
+                fold_into: Callable[[dict[str, Any], dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """The rows of one section of every shard, folded per key as one collector would have."""
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
     for p in sorted(paths):
-        for row in json.loads(Path(p).read_text())["rows"]:
-            key = tuple(row[k] for k in KEY)
+        for row in json.loads(Path(p).read_text()).get(section, []):
+            key = tuple(row[k] for k in key_fields)
             if key not in merged:
-                merged[key] = new_row(*key, row["policy"])
-            fold(merged[key], row)
+                merged[key] = new(row)
+            fold_into(merged[key], row)
     return [merged[k] for k in sorted(merged)]
+
+
+def merge_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    return fold_shards(paths, "rows", KEY, lambda r: new_row(*(r[k] for k in KEY), r["policy"]), fold)
 
 
 def shard_summary(report_dir: Path) -> tuple[list[dict[str, Any]], bool]:
@@ -179,14 +186,7 @@ def fold_speed(row: dict[str, Any], other: dict[str, Any]) -> None:
 
 
 def merge_speed_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
-    for p in sorted(paths):
-        for row in json.loads(Path(p).read_text()).get("speed", []):
-            key = (row["op"], row["impl"])
-            if key not in merged:
-                merged[key] = new_speed_row(*key)
-            fold_speed(merged[key], row)
-    return [merged[k] for k in sorted(merged)]
+    return fold_shards(paths, "speed", ("op", "impl"), lambda r: new_speed_row(r["op"], r["impl"]), fold_speed)
 
 
 SPEED_HEADER = ["op", "impl", "examples", "wall s", "examples/s", "first call s", "transfer", "impl", "oracle",
@@ -288,14 +288,8 @@ def fold_gradient(row: dict[str, Any], other: dict[str, Any]) -> None:
 
 
 def merge_gradient_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    merged: dict[tuple[str, ...], dict[str, Any]] = {}
-    for p in sorted(paths):
-        for row in json.loads(Path(p).read_text()).get("gradients", []):
-            key = tuple(row[k] for k in GRADIENT_KEY)
-            if key not in merged:
-                merged[key] = new_gradient_row(*key, row["unit"], row["policy"])
-            fold_gradient(merged[key], row)
-    return [merged[k] for k in sorted(merged)]
+    return fold_shards(paths, "gradients", GRADIENT_KEY,
+                       lambda r: new_gradient_row(*(r[k] for k in GRADIENT_KEY), r["unit"], r["policy"]), fold_gradient)
 
 
 def _gradient_cells(r: dict[str, Any]) -> list[str]:

@@ -173,20 +173,30 @@ def sinkhorn_bwd(grad_out: torch.Tensor, x: torch.Tensor, repeat: int = DEFAULT_
         return _backward(grad_out, s, saved)
 
 
-class Sinkhorn(torch.autograd.Function):
-    """P = Sinkhorn.apply(x, repeat, eps), differentiable in x."""
+def sinkhorn_function(forward, backward, name: str = "Sinkhorn") -> type[torch.autograd.Function]:
+    """An autograd Function over a forward and a backward with this module's signatures (this
+    module's own pair, or the TileLang kernels'): ``apply(x, repeat, eps) -> P``, differentiable
+    in x; only x is saved."""
 
-    @staticmethod
-    def forward(ctx, x, repeat=DEFAULT_REPEAT, eps=DEFAULT_EPS):
-        p = sinkhorn(x, repeat, eps)
-        ctx.save_for_backward(x)
-        ctx.repeat, ctx.eps = repeat, eps
-        return p
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, repeat=DEFAULT_REPEAT, eps=DEFAULT_EPS):
+            p = forward(x, repeat, eps)
+            ctx.save_for_backward(x)
+            ctx.repeat, ctx.eps = repeat, eps
+            return p
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        return sinkhorn_bwd(grad_out.contiguous(), x, ctx.repeat, ctx.eps), None, None
+        @staticmethod
+        def backward(ctx, grad_out):
+            (x,) = ctx.saved_tensors
+            return backward(grad_out.contiguous(), x, ctx.repeat, ctx.eps), None, None
+
+    Function.__name__ = Function.__qualname__ = name
+    return Function
+
+
+# P = Sinkhorn.apply(x, repeat, eps), differentiable in x.
+Sinkhorn = sinkhorn_function(sinkhorn, sinkhorn_bwd)
 
 
 # -- the mix operators -----------------------------------------------------------------

@@ -90,6 +90,8 @@ import numbers
 
 import torch
 
+from ._checks import check_contiguous as _check_contiguous, check_tensor as _check_tensor
+
 # The limits every topk_gate implementation in tkverify supports.
 MAX_EXPERTS = 1024
 MAX_K = 32
@@ -142,21 +144,6 @@ SF_DTYPES = (torch.float32, torch.uint8, torch.int32)
 REDUCE_DTYPES = (torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 TMA_ALIGN_BYTES = 16
 _BITS_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-
-
-def _check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], ndim: int, layout: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
-    return t
-
-
-def _check_contiguous(name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
 
 
 def _check_same_device(reference: str, t: torch.Tensor, **others: torch.Tensor | None) -> None:

@@ -87,6 +87,8 @@ from typing import Any
 
 import torch
 
+from ._checks import check_contiguous as _check_contiguous, check_tensor as _check_tensor
+
 FORMATS = ("e4m3", "e2m1", "e5m6")
 MAX_Q = {"e4m3": 448.0, "e2m1": 6.0, "e5m6": 65024.0}
 DEFAULT_CLAMP_MIN = {"e4m3": 1e-4, "e5m6": 1e-4, "e2m1": 6 * 2.0**-126}
@@ -103,20 +105,6 @@ _E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7
 
 
 # -- argument checks ------------------------------------------------------------
-
-
-def _check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], ndim: int, layout: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
-
-
-def _check_contiguous(name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
 
 
 def _check_same_device(x: torch.Tensor, **others: torch.Tensor | None) -> None:
@@ -655,7 +643,7 @@ def _check_swiglu_extras(x: torch.Tensor, topk_weights: object, pos_to_token_top
         _check_same_device(x, pos_to_token_topk=pos_to_token_topk)
         slots = topk_weights.numel() if topk_weights is not None else None
         if pos_to_token_topk.numel():
-            low, high = int(pos_to_token_topk.min()), int(pos_to_token_topk.max())
+            low, high = torch.stack(torch.aminmax(pos_to_token_topk)).tolist()  # one device sync, not two
             if low < -1 or (slots is not None and high >= slots):
                 bound = f"T*K={slots}" if slots is not None else "infinity"
                 raise ValueError(f"pos_to_token_topk values must lie in [-1, {bound}), got [{low}, {high}]")
