@@ -209,8 +209,7 @@ def check_tensor(
         raise TypeError(f"{name} must have dtype {allowed}, got {value.dtype}")
     if ndim is not None and value.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(value.shape)}")
-    if value.device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got {value.device}")
+    require_cuda(name, value)
     if not value.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {value.stride()} for shape {tuple(value.shape)}")
     return value

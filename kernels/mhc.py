@@ -568,8 +568,7 @@ def _check_sinkhorn_args(x: object, repeat: object, eps: object, grad_out: objec
     if grad_out is not None:
         eager_mhc._check_x("grad_out", grad_out, x.dtype, tuple(x.shape), x.device)
     repeat, eps = _check_params(repeat, eps)
-    if x.device.type != "cuda":
-        raise ValueError(f"x must be on a CUDA device, got {x.device}")
+    _tilelang.require_cuda("x", x)
     return repeat, eps
 
 

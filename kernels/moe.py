@@ -251,7 +251,7 @@ def topk_gate(scores: torch.Tensor, k: int) -> torch.Tensor:
     (NaN first, then +inf, ..., -inf; -0.0 == +0.0; ties to the lower index).
     """
     eager._check_topk_gate_args(scores, k)
-    _check_cuda("scores", scores)
+    _tilelang.require_cuda("scores", scores)
     num_tokens, num_experts = scores.shape
     k = int(k)
     out = torch.empty((num_tokens, k), dtype=torch.int64, device=scores.device)
@@ -348,11 +348,6 @@ GROUP_COUNT = KernelDef("moe.group_count", build_group_count, GROUP_COUNT_CONFIG
 # fit an int32.
 
 
-def _check_cuda(name: str, t: torch.Tensor) -> None:
-    if t.device.type != "cuda":
-        raise ValueError(f"{name} must be on a CUDA device, got {t.device}")
-
-
 def _check_fits(name: str, t: torch.Tensor) -> None:
     """Each dimension is bound to an int32 symbolic size inside the kernels."""
     _tilelang.check_dims_fit_int32(name, t)
@@ -365,7 +360,7 @@ def group_count(idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     and entries >= num_groups count nowhere.  No host synchronisation.
     """
     num_groups = eager._check_group_count_args(idx, num_groups)
-    _check_cuda("idx", idx)
+    _tilelang.require_cuda("idx", idx)
     counts = torch.zeros(num_groups, dtype=torch.int32, device=idx.device)
     if idx.numel() == 0:
         return counts
@@ -585,7 +580,7 @@ FUSED_MAPPING = KernelDef("moe.fused_mapping", build_mapping, MAPPING_CONFIGS)
 
 def _check_fused_mapping_args(topk_idx, num_experts, alignment) -> tuple[int, int]:
     num_experts, alignment = eager._check_fused_mapping_args(topk_idx, num_experts, alignment)
-    _check_cuda("topk_idx", topk_idx)
+    _tilelang.require_cuda("topk_idx", topk_idx)
     return num_experts, alignment
 
 
@@ -790,7 +785,7 @@ EXPAND_TO_FUSED = KernelDef("moe.expand_to_fused", build_expand, EXPAND_CONFIGS)
 
 def _check_expand_args(x, token_topk_to_pos, num_expanded_rows, x_sf) -> int:
     num_rows = eager._check_expand_args(x, token_topk_to_pos, num_expanded_rows, x_sf)
-    _check_cuda("x", x)
+    _tilelang.require_cuda("x", x)
     _check_fits("x", x)
     if x_sf is not None:
         _check_fits("x_sf", x_sf)
@@ -990,7 +985,7 @@ REDUCE_FUSED = KernelDef("moe.reduce_fused", build_reduce, REDUCE_CONFIGS)
 
 def _check_reduce_args(x, topk_weights, token_topk_to_pos, x_sf) -> None:
     eager._check_reduce_args(x, topk_weights, token_topk_to_pos, x_sf)
-    _check_cuda("x", x)
+    _tilelang.require_cuda("x", x)
     _check_fits("x", x)
 
 
@@ -1077,7 +1072,7 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     PyTorch implementation.  No host sync.
     """
     eager._check_normalize_args(topk_weights)
-    _check_cuda("topk_weights", topk_weights)
+    _tilelang.require_cuda("topk_weights", topk_weights)
     num_tokens, k = topk_weights.shape
     denom = torch.empty(num_tokens, dtype=torch.float32, device=topk_weights.device)
     weights = torch.empty_like(topk_weights)

@@ -187,8 +187,7 @@ BATCHED_TRANSPOSE = KernelDef("transpose.batched_transpose", build_batched_trans
 def _check_x(x, ndim: int, layout: str) -> None:
     """kernels/torch/transpose.py's checks (same errors for the same bad arguments), then a CUDA device."""
     eager._check_transpose_arg(x, ndim, layout)
-    if x.device.type != "cuda":
-        raise ValueError(f"x must be on a CUDA device, got {x.device}")
+    _tilelang.require_cuda("x", x)
 
 
 def _is_aligned(tensor: torch.Tensor) -> bool:
