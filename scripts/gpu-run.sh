@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
 # What a GPU run of tkverify does on the H200 (through the device tool):
 #   TKVERIFY_COMMIT=<hash> STEPS="precompile pytest report bench" bash scripts/gpu-run.sh [pytest -k expression]
-# STEPS (default: all of them) picks among: precompile pytest report bench profile tune mutants memcheck.
-# TK_IMPL (default all) is pytest's --tk-impl; MUTANT_IMPLS (default "tilelang torch"); MEMCHECK_SECONDS, RACECHECK_SECONDS.
-# WORKERS (default 8) sets pytest -n; SEED passes --hypothesis-seed (the ci profile then draws other examples).
-# Everything it produces is packed into $OUT/results.tar.gz (the tool brings back few files).
+# STEPS (default: all of them but seeds/replay) picks among: precompile pytest report bench profile tune
+# mutants memcheck racecheck seeds replay.  "|" splits STEPS into groups that run side by side (one GPU,
+# 16 cores: the suite is host-bound), e.g. STEPS="precompile pytest | mutants memcheck | seeds".
+# Env: TK_IMPL (default all) is pytest's --tk-impl; WORKERS (default 8) pytest -n; SEED passes
+# --hypothesis-seed (the ci profile then draws other examples); SEEDS="1 2 ..." runs tkverify.suite once
+# per seed (SEED_WORKERS each, --tk-impl SEED_IMPL, default torch,tilelang); MUTANT_IMPLS (default "tilelang torch"); MEMCHECK_SECONDS, MEMCHECK_TESTS,
+# RACECHECK_SECONDS, RACECHECK_TESTS, RACECHECK_K; REPLAY (case files for `tkverify replay --impl
+# tile_kernels`, REPLAY_RAW likewise with TKVERIFY_TK_RAW=1, each capped at REPLAY_SECONDS).
+# Caches: .cache/tilelang.tar.xz (ours) and .cache/tilelang-main.tar.xz (tile-kernels' JIT) are unpacked
+# when carried; both come back under results/ (the tool brings back few files: one tarball).
 set -uo pipefail
 source .gpu/setup.sh main || exit 1  # (a bare source would pass this script's arguments on)
 export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR="$PWD/.cache/tilelang"
 R="${OUT:-/tmp/out}/results"; mkdir -p "$R"
 select="${1:-}"
-STEPS="${STEPS:-precompile pytest report bench profile mutants memcheck}"
+STEPS="${STEPS:-precompile pytest report bench profile mutants memcheck racecheck}"
+for c in tilelang tilelang-main; do
+  [ -f ".cache/$c.tar.xz" ] && [ ! -d ".cache/$c" ] && tar -C .cache -xJf ".cache/$c.tar.xz"
+done
 
 # The pytest11 entry point and the console script need an install; without one, name the plugin.
 if ! python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . >"$R/install.log" 2>&1; then
@@ -21,39 +30,58 @@ python3 -c "import torch, tilelang; print('torch', torch.__version__, 'cuda', to
 
 source scripts/steps.sh
 
-wants precompile && step precompile python3 -m kernels.precompile
-if wants pytest; then
-  # GPU utilisation once a second while the suite runs, and each worker's own account of its GPU.
-  nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 \
-    >"$R/gpu-util.csv" 2>/dev/null & util=$!
-  step pytest python3 -m pytest -n "${WORKERS:-8}" --tk-impl "${TK_IMPL:-all}" --tk-profile ci --tk-report="$R/pytest-report" \
-    -p no:cacheprovider ${SEED:+--hypothesis-seed="$SEED"} ${select:+-k "$select"}
-  kill "$util" 2>/dev/null
-  step shards python3 -m tkverify.cli shards "$R/pytest-report"
-fi
-wants report && step report python3 -m tkverify.cli report --impl tilelang --profile ci --out "$R/report-tilelang" -n 8 \
-  ${select:+-k "$select"}
-# Every op's declared benchmark shapes (tkverify/specs), tile-kernels included where it is installed.
-wants bench && step bench python3 -m tkverify.cli bench --out "$R/bench"
-# Host time per call of the TileLang wrappers (what eager callers pay beyond the kernel).
-wants profile && step profile python3 scripts/profile_host.py -k per_token_cast,swiglu,expand_to_fused,transpose,engram,sinkhorn
-# Candidate static configurations of the per-token cast kernel, bitwise-checked against the shipped one.
-wants tune && step tune python3 -m benchmarks.tune "$R/tune.json"
-if wants mutants; then
-  step mutants-tilelang python3 -m tkverify.cli mutants --impl tilelang --profile ci --out "$R/mutants-tilelang"
-  [[ "${MUTANT_IMPLS:-tilelang torch}" == *torch* ]] && \
-    step mutants-torch-cuda python3 -m tkverify.cli mutants --impl torch --profile ci --out "$R/mutants-torch-cuda"
-fi
-# Memory safety of the TileLang kernels on their GPU tests (bounded: the sanitizer is slow).
-if wants memcheck; then
-  step memcheck timeout "${MEMCHECK_SECONDS:-200}" compute-sanitizer --tool memcheck --error-exitcode 99 \
-    python3 -m pytest -p no:cacheprovider -q -x tests/test_moe_kernels_gpu.py tests/test_engram_kernels_gpu.py \
-    tests/test_mhc_kernels_gpu.py tests/test_regressions.py
-  # Shared-memory races in the kernels that stage through shared memory (Sinkhorn, Engram backward).
-  step racecheck timeout "${RACECHECK_SECONDS:-90}" compute-sanitizer --tool racecheck --error-exitcode 99 \
-    python3 -m pytest -p no:cacheprovider -q -x tests/test_mhc_kernels_gpu.py tests/test_engram_kernels_gpu.py \
-    -k "sinkhorn_within_bounds or autograd or reproducible"
-fi
+run_group() {  # the steps of one group, in this order
+  local STEPS=" $1 "
+  wants precompile && step precompile python3 -m kernels.precompile
+  if wants pytest; then
+    # GPU utilisation once a second while the suite runs, and each worker's own account of its GPU.
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 \
+      >"$R/gpu-util.csv" 2>/dev/null & local util=$!
+    step pytest python3 -m pytest -n "${WORKERS:-8}" --tk-impl "${TK_IMPL:-all}" --tk-profile ci \
+      --tk-report="$R/pytest-report" -p no:cacheprovider ${SEED:+--hypothesis-seed="$SEED"} ${select:+-k "$select"}
+    kill "$util" 2>/dev/null
+    step shards python3 -m tkverify.cli shards "$R/pytest-report"
+  fi
+  wants report && step report python3 -m tkverify.cli report --impl tilelang --profile ci --out "$R/report-tilelang" \
+    -n 8 ${select:+-k "$select"}
+  # Every op's declared benchmark shapes (tkverify/specs), tile-kernels included where it is installed.
+  wants bench && step bench python3 -m tkverify.cli bench --out "$R/bench"
+  # Host time per call of the TileLang wrappers (what eager callers pay beyond the kernel).
+  wants profile && step profile python3 scripts/profile_host.py -k per_token_cast,swiglu,expand_to_fused,transpose,engram,sinkhorn
+  # Candidate static configurations, bitwise-checked against the shipped ones.
+  wants tune && step tune python3 -m benchmarks.tune "$R/tune.json"
+  if wants seeds; then  # the derandomised ci profile under other seeds: no false alarms
+    for s in ${SEEDS:-1 2 3}; do
+      step "seed-$s" python3 -m pytest --pyargs tkverify.suite -p no:cacheprovider -q -n "${SEED_WORKERS:-4}" \
+        --tk-impl "${SEED_IMPL:-torch,tilelang}" --tk-profile ci --hypothesis-seed "$s" --tk-report "$R/seed-$s"
+    done
+  fi
+  if wants mutants; then
+    step mutants-tilelang python3 -m tkverify.cli mutants --impl tilelang --profile ci --out "$R/mutants-tilelang"
+    [[ "${MUTANT_IMPLS:-tilelang torch}" == *torch* ]] && \
+      step mutants-torch-cuda python3 -m tkverify.cli mutants --impl torch --profile ci --out "$R/mutants-torch-cuda"
+  fi
+  # Memory safety of the TileLang kernels on their GPU tests (bounded: the sanitizer is slow).
+  wants memcheck && step memcheck timeout "${MEMCHECK_SECONDS:-200}" compute-sanitizer --tool memcheck \
+    --error-exitcode 99 python3 -m pytest -p no:cacheprovider -q -x ${MEMCHECK_TESTS:-tests/test_moe_kernels_gpu.py \
+    tests/test_engram_kernels_gpu.py tests/test_mhc_kernels_gpu.py tests/test_regressions.py}
+  # Shared-memory races in the kernels that stage through shared memory.
+  wants racecheck && step racecheck timeout "${RACECHECK_SECONDS:-90}" compute-sanitizer --tool racecheck \
+    --error-exitcode 99 python3 -m pytest -p no:cacheprovider -q -x ${RACECHECK_TESTS:-tests/test_mhc_kernels_gpu.py \
+    tests/test_engram_kernels_gpu.py} -k "${RACECHECK_K:-sinkhorn_within_bounds or autograd or reproducible}"
+  if wants replay; then  # committed tile-kernels findings, in one process each (JIT compiles shared)
+    [ -n "${REPLAY:-}" ] && step replay timeout -k 10 "${REPLAY_SECONDS:-240}" python3 -m tkverify.cli replay \
+      $REPLAY --impl tile_kernels
+    [ -n "${REPLAY_RAW:-}" ] && step replay-raw env TKVERIFY_TK_RAW=1 timeout -k 10 "${REPLAY_SECONDS:-240}" \
+      python3 -m tkverify.cli replay $REPLAY_RAW --impl tile_kernels
+  fi
+  return 0
+}
+
+IFS='|' read -ra groups <<<"$STEPS"
+pids=()
+for g in "${groups[@]}"; do run_group "$g" & pids+=($!); done
+wait "${pids[@]}"
 cp -r .tkverify/cases "$R/cases" 2>/dev/null
-tar -C "$PWD/.cache" -cJf "$R/tilelang-cache.tar.xz" tilelang
+for c in tilelang tilelang-main; do [ -d ".cache/$c" ] && tar -C .cache -cJf "$R/$c-cache.tar.xz" "$c"; done
 tar -C "$(dirname "$R")" -czf "${OUT:-/tmp/out}/results.tar.gz" results && rm -rf "$R"
