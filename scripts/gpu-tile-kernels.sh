@@ -4,7 +4,8 @@
 #   bash scripts/gpu-tile-kernels.sh upstream-v1   # tilelang 0.1.11 + tile-kernels 1.0.0
 # Env: BUDGET (default 285: seconds for the whole script, setup and tile-kernels' JIT compiles
 # included), TKVERIFY_FUZZ_EXAMPLES (default 60), STEPS (default "findings report fuzz found",
-# plus "raw" for upstream-v1).  The first four run side by side, the last after them; each is
+# plus "raw" for upstream-v1; "bench" is extra), FINDINGS (the case files to replay, default
+# every committed one).  The first four run side by side, the last after them; each is
 # capped so that the whole stays within BUDGET:
 #   findings  every committed case, reports/tile-kernels-*/cases/*.json, replayed in one process
 #             (cases/raw/*.json with TKVERIFY_TK_RAW=1: the adapter's size refusals off)
@@ -12,6 +13,8 @@
 #   report    the derandomised ci profile: the report to commit
 #   fuzz      the fuzz profile, failing cases saved per (op, impl)
 #   found     the cases this run saved, replayed in one process
+#   bench     `tkverify bench --impl tile_kernels`, one family at a time once everything else is done
+#             (its JIT compiles are made first, side by side with the other steps, at one repetition)
 # Only tkverify.suite is collected (never tests/), so our kernels package is not imported: under
 # upstream-v1 its TileLang 0.1.15 code may not import.  Everything lands in $OUT/results.tar.gz.
 set -uo pipefail
@@ -59,8 +62,8 @@ EOF
 # findings, raw, report and fuzz run side by side (one GPU, 16 cores: 1 + 1 + 7 + 7 processes), each
 # under its own cap, so that one ~300 s call holds all of them; then the cases this run saved.
 if wants findings; then  # the committed findings, confirmed or refuted: one process, shared JIT compiles
-  { step findings timeout -k 10 "$(cap 120 60)" python3 -m tkverify.cli replay reports/tile-kernels-*/cases/*.json \
-      --impl tile_kernels
+  { step findings timeout -k 10 "$(cap 120 60)" python3 -m tkverify.cli replay \
+      ${FINDINGS:-reports/tile-kernels-*/cases/*.json} --impl tile_kernels
     step findings-raw env TKVERIFY_TK_RAW=1 timeout -k 5 "$(cap 30 50)" python3 -m tkverify.cli replay \
       reports/tile-kernels-*/cases/raw/*.json --impl tile_kernels; } &
 fi
@@ -74,6 +77,13 @@ wants report && step report timeout -s INT -k 20 "$(cap 160 60)" python3 -m tkve
 # The hunt: every op and backward, the fuzz profile, failing cases saved per (op, impl).
 wants fuzz && step fuzz timeout -s INT -k 20 "$(cap 170 60)" "${SUITE[@]}" -n 7 --tk-profile fuzz \
   --tk-report "$R/report-fuzz" --tk-cases "$R/cases" &
+FAMILIES="moe quant mhc engram transpose"
+if wants bench; then  # compile what the bench will time (one repetition, no graph), families side by side
+  for f in $FAMILIES; do
+    timeout -k 5 "$(cap 150 90)" python3 -m tkverify.cli bench --impl tile_kernels -k "$f." --reps 1 --no-graph \
+      --out "$R/bench-warm-$f" >"$R/bench-warm-$f.log" 2>&1 &
+  done
+fi
 wait
 wants report && merge "$R/report-ci" ci
 wants fuzz && merge "$R/report-fuzz" fuzz
@@ -81,6 +91,12 @@ wants fuzz && merge "$R/report-fuzz" fuzz
 if wants found; then
   found=("$R"/cases*/*.json)
   [ -e "${found[0]}" ] && step found timeout -k 5 "$(cap 45 5)" python3 -m tkverify.cli replay "${found[@]}"
+fi
+if wants bench; then  # timed alone on the GPU, on a warm cache; `tkverify bench --merge` joins the families
+  for f in $FAMILIES; do
+    step "bench-$f" timeout -k 5 "$(cap 60 5)" python3 -m tkverify.cli bench --impl tile_kernels -k "$f." \
+      --out "$R/bench-$f"
+  done
 fi
 echo "=== total: $(( $(date +%s) - T0 )) s of a $BUDGET s budget" | tee -a "$R/steps.txt"
 tar -C "$(dirname "$R")" -czf "${OUT:-/tmp/out}/results.tar.gz" results && rm -rf "$R"
