@@ -21,9 +21,21 @@ grad_x, grad_k, grad_v is one 16-byte vector (x, k, v, grad_out are read as
 int32 words; bf16 element 2p is the low half of word p) and a warp touches
 512 contiguous bytes.  Threads i >= H / 8 hold zeros and store nothing.
 
-Rows are software-pipelined in registers (the forward always, the backward
-up to 512 threads): the loads of row r + 1 are issued before row r's
-reduction, so that they are in flight across its barrier.
+Rows are software-pipelined through a ring of ``stages`` slots in shared
+memory (the forward always, FWD_STAGES = 4; the backward up to 512 threads,
+BWD_STAGES = 3): before row r is reduced, each thread issues the 16-byte
+cp.async copies (L2 only) of its chunks of row r + stages - 1 into slot
+(row mod stages) and commits them as one group; ``cp.async.wait_group
+stages - 1`` then waits for its own copies of row r (a group is committed for
+every row, empty past the CTA's rows, so the count is exact), and it reads
+back only the chunks that it copied itself: no other thread is involved, so
+no barrier is needed for the data (``__syncwarp`` after the wait keeps the
+compiler from hoisting the shared loads above it).  A thread reads the whole
+slot into registers before the row's reduction barrier, and the slot is
+refilled only after that barrier (at the next row), so the refill never
+overtakes the reads.  Hence stages - 1 rows' loads are in flight across every
+barrier without costing registers: the bytes in flight a CTA are
+(stages - 1) rows of x, k, v (forward) or grad_out, x, k, v (backward).
 Per-row sums over H are fp32: each thread adds its 8 terms in order, a
 butterfly of ``__shfl_xor_sync`` adds the warp's 32 partial sums, lane 0 of
 each warp puts its sum in shared memory (two slots, alternating by row, so
@@ -45,7 +57,10 @@ g = 1 / (1 + expf(-a)) (libdevice's accurate expf, IEEE division: a -> -inf
 gives exactly 0), out = x + g v in fp32 rounded once to bf16 (RN).  Thread 0
 writes d, g, rx, rk.  The grid is one wave of resident CTAs
 (``FWD_RESIDENT`` an SM, asked for through the launch bounds: at most 64
-registers a thread, no spills); the results do not depend on it.
+registers a thread; ptxas, sm_90: 56 at 128 and 512 threads, 57 at 896, no
+spills), which the ring's shared memory admits: 4 slots of 48 bytes a thread
+are 24, 96 and 168 KiB a CTA (8, 2 and 1 an SM: 192, 194 and 169 KiB with
+the reduction slots); the results do not depend on it.
 
 Backward (kernel engram.gate_bwd)
 ---------------------------------
@@ -65,8 +80,14 @@ its tokens the CTA writes P to partials[b] (num_blocks, hc, H) fp32.
 w and the row's saved scalars are read per row from L1 / L2 (hc H fp32 is
 small and shared by every CTA), issued before the reduction that they wait
 behind.  Tensors are passed flat, with int64 offsets computed once a row.
-Registers (ptxas, sm_90): 123 a thread at 512 threads (one CTA an SM, no
-spills), 72 at 896 (unpipelined; 8 bytes of spills).
+The ring (3 slots of 64 bytes a thread: 24 KiB at 128 threads, 96 KiB at
+512) sits beside P: at 512 threads and hc H = 8 * 4096 the CTA takes
+96 KiB + 256 B + 128 KiB = 224.25 KiB of the 227 KiB a CTA may have.  The
+896-thread CTA (P up to 224 KiB, no room for a ring) loads each row into
+registers and runs the rows one after the other.
+Registers (ptxas, sm_90): 126 a thread at 512 threads (one CTA an SM, which
+the shared memory imposes anyway at the benchmark's hc H = 4 * 4096: 160 KiB),
+164 at 128, 72 at 896 (unpipelined; 8 bytes of spills).
 
 grad_w (kernel engram.grad_w_reduce): grad_w[j] = sum over b of
 partials[b, j], j = h H + i, in a fixed order: a CTA of 8 warps takes 128
@@ -85,7 +106,7 @@ intervals.  Every global access is guarded by hand (tilelang's safe-memory
 legalisation is disabled, as in the other families).
 
 Static configurations: gate_fwd and gate_bwd, each by threads (128, 512,
-896); grad_w_reduce one.  T, hc, H, eps, clamp, the block sizes are runtime
+896; the ring depths are constants, not configurations); grad_w_reduce one.  T, hc, H, eps, clamp, the block sizes are runtime
 values.
 """
 
@@ -114,11 +135,17 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_stor
 # Forward CTAs of each configuration resident on one SM (asked for through the launch bounds):
 # the forward's grid is one such wave (the results do not depend on it).
 FWD_RESIDENT = {128: 8, 512: 2, 896: 1}
+# Rows whose loads are in flight, per CTA, while one is reduced: stages - 1 (a shared-memory ring
+# of cp.async copies, each thread reading back only its own chunks).
+FWD_STAGES = 4
 BWD_BLOCKS = 256  # backward: at most this many token blocks (grad_w partials); a function of T only
 
-# The backward's rows are software-pipelined (two register buffers) up to this many threads; the
-# largest CTA (896 threads, 72 registers each at most) runs them one after the other.
-BWD_PIPELINE_MAX_THREADS = 512
+# The backward's rows go through a shared-memory ring of BWD_STAGES slots up to this many threads
+# (a slot is 64 bytes a thread: at 512 threads 3 slots are 96 KiB, which fits beside the largest
+# grad_w partials of that configuration, 8 * 4096 fp32 = 128 KiB); the largest CTA (896 threads,
+# whose partials may take 224 KiB) loads each row into registers and runs them one after the other.
+BWD_RING_MAX_THREADS = 512
+BWD_STAGES = 3
 
 REDUCE_THREADS = 256
 REDUCE_WARPS = REDUCE_THREADS // WARP
@@ -205,6 +232,29 @@ def _macros(T, nw):
     return unpack, block_sum, clear, load_weights
 
 
+def _ring_macros(T, nt):
+    """(copy_chunk, take_chunk) macros over a shared ring of 16-byte chunks, nt a slot.
+
+    copy_chunk(ring, slot, tx, src): cp.async (16 bytes, L2 only) of the 4 int32 words at the
+    global element src into chunk tx of ring slot `slot`.
+    take_chunk(ring, slot, tx, words): words[0:4] <- chunk tx of slot `slot` (one 16-byte load).
+    A thread reads only the chunks that it copied itself, so its own cp.async.wait_group orders
+    them; no other thread's progress is involved.  A warp's 32 chunks are 512 contiguous bytes
+    (conflict-free)."""
+
+    @T.macro
+    def copy_chunk(ring, slot, tx, src):
+        T.ptx_cp_async(T.access_ptr(ring[(slot * nt + tx) * WORDS], "w", extent=WORDS),
+                       T.access_ptr(src, "r", extent=WORDS), WORDS)
+
+    @T.macro
+    def take_chunk(ring, slot, tx, words):
+        for e in T.vectorized(WORDS):
+            words[e] = ring[(slot * nt + tx) * WORDS + e]
+
+    return copy_chunk, take_chunk
+
+
 # ------------------------------------------------------------------ forward
 
 
@@ -215,22 +265,32 @@ def build_gate_fwd(config: GateConfig):
     [(b // hc) tpb, (b // hc + 1) tpb)."""
     T = _tilelang.T()
     nt = config.threads
+    stages = FWD_STAGES
     unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
+    copy_chunk, take_chunk = _ring_macros(T, nt)
     num_tokens, heads, hv, n_w = T.dynamic("num_tokens, heads, hv, n_w")  # hv = H / 8 chunks a row
 
     @T.macro
-    def load_row(x, k, v, xw, kw, vw, t, h, tx):
-        if tx < hv:
-            for e in T.vectorized(WORDS):
-                xw[e] = x[t, h, tx * WORDS + e]
-            for e in T.vectorized(WORDS):
-                kw[e] = k[t, h, tx * WORDS + e]
-            for e in T.vectorized(WORDS):
-                vw[e] = v[t, tx * WORDS + e]
+    def issue_row(x, k, v, ring, t, t1, h, tx):
+        # row t's chunk tx of x, k, v into its ring slot; one commit group a row, empty past the rows
+        if t < t1:
+            if tx < hv:
+                slot = T.truncmod(t, stages) * 3
+                copy_chunk(ring, slot, tx, x[t, h, tx * WORDS])
+                copy_chunk(ring, slot + 1, tx, k[t, h, tx * WORDS])
+                copy_chunk(ring, slot + 2, tx, v[t, tx * WORDS])
+        T.ptx_commit_group()
 
     @T.macro
-    def process_row(xw, kw, vw, wl, out, d, g, rx, rk, t, h, tx, lane, warp, parity, red, sums, xv, kv, vv, ov,
-                    eps, clamp, scale, inv_h):
+    def process_row(xw, kw, vw, wl, ring, out, d, g, rx, rk, t, h, tx, lane, warp, parity, red, sums, xv, kv, vv,
+                    ov, eps, clamp, scale, inv_h):
+        # Every word of the slot is read before the reduction's barrier, which orders these reads
+        # before the cp.async that refills the slot (issued after the barrier).
+        if tx < hv:
+            slot = T.truncmod(t, stages) * 3
+            take_chunk(ring, slot, tx, xw)
+            take_chunk(ring, slot + 1, tx, kw)
+            take_chunk(ring, slot + 2, tx, vw)
         unpack(xw, 0, xv)
         unpack(kw, 0, kv)
         for i in T.unroll(3):
@@ -287,37 +347,30 @@ def build_gate_fwd(config: GateConfig):
             t0 = T.alloc_var("int32", init=T.truncdiv(block, heads) * tokens_per_block)
             t1 = T.alloc_var("int32", init=T.min(t0 + tokens_per_block, num_tokens))
             red = T.alloc_shared((2 * 3 * WARP,), "float32")
+            ring = T.alloc_shared((stages * 3 * nt * WORDS,), "int32")  # slot (t % stages, operand, thread)
             wl = T.alloc_local((CHUNK,), "float32")
-            xa = T.alloc_local((WORDS,), "int32")
-            ka = T.alloc_local((WORDS,), "int32")
-            va = T.alloc_local((WORDS,), "int32")
-            xb = T.alloc_local((WORDS,), "int32")
-            kb = T.alloc_local((WORDS,), "int32")
-            vb = T.alloc_local((WORDS,), "int32")
+            xw = T.alloc_local((WORDS,), "int32")
+            kw = T.alloc_local((WORDS,), "int32")
+            vw = T.alloc_local((WORDS,), "int32")
             sums = T.alloc_local((3,), "float32")
             xv = T.alloc_local((CHUNK,), "float32")
             kv = T.alloc_local((CHUNK,), "float32")
             vv = T.alloc_local((CHUNK,), "float32")
             ov = T.alloc_local((CHUNK,), "bfloat16")
             # Threads past the row (tx >= H / 8) keep zeros: they add nothing to the sums.
-            clear((xa, ka, va, xb, kb, vb), WORDS, 0)
+            clear((xw, kw, vw), WORDS, 0)
             clear((wl,), CHUNK, T.float32(0))
             if tx < hv:
                 load_weights(w, wl, h, hv, tx)
-            if t0 < t1:
-                load_row(x, k, v, xa, ka, va, t0, h, tx)
-            # Two rows an iteration, the next row's loads issued before this row's reduction.
-            for pair in T.serial(T.ceildiv(t1 - t0, 2)):
-                ta = t0 + 2 * pair
-                if ta + 1 < t1:
-                    load_row(x, k, v, xb, kb, vb, ta + 1, h, tx)
-                process_row(xa, ka, va, wl, out, d, g, rx, rk, ta, h, tx, lane, warp, 0, red, sums, xv, kv, vv, ov,
-                            eps, clamp, scale, inv_h)
-                if ta + 1 < t1:
-                    if ta + 2 < t1:
-                        load_row(x, k, v, xa, ka, va, ta + 2, h, tx)
-                    process_row(xb, kb, vb, wl, out, d, g, rx, rk, ta + 1, h, tx, lane, warp, 1, red, sums, xv, kv,
-                                vv, ov, eps, clamp, scale, inv_h)
+            # The loads of the next stages - 1 rows are in flight while a row is reduced.
+            for s in T.unroll(stages - 1):
+                issue_row(x, k, v, ring, t0 + s, t1, h, tx)
+            for i in T.serial(t1 - t0):
+                issue_row(x, k, v, ring, t0 + i + stages - 1, t1, h, tx)
+                T.ptx_wait_group(stages - 1)  # this thread's copies of row t0 + i have landed
+                T.sync_warp()  # a compiler barrier: the slot's reads stay after the wait
+                process_row(xw, kw, vw, wl, ring, out, d, g, rx, rk, t0 + i, h, tx, lane, warp, T.truncmod(i, 2),
+                            red, sums, xv, kv, vv, ov, eps, clamp, scale, inv_h)
 
     return engram_gate_fwd
 
@@ -336,8 +389,10 @@ def build_gate_bwd(config: GateConfig):
     writes its grad_w partial sums to partials[b]."""
     T = _tilelang.T()
     nt = config.threads
-    pipelined = nt <= BWD_PIPELINE_MAX_THREADS
+    ringed = nt <= BWD_RING_MAX_THREADS
+    stages = BWD_STAGES
     unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
+    copy_chunk, take_chunk = _ring_macros(T, nt)
     n_rows, n_words, n_v, n_w, n_parts = T.dynamic("n_rows, n_words, n_v, n_w, n_parts")
 
     @T.macro
@@ -354,6 +409,32 @@ def build_gate_bwd(config: GateConfig):
                 kw[e] = k[base * WORDS + e]
             for e in T.vectorized(WORDS):
                 vw[e] = v[vbase * WORDS + e]
+
+    @T.macro
+    def issue_row(grad_out, x, k, v, ring, row, r1, heads, tx, hv):
+        # row's chunk tx of grad_out, x, k and its token's v into its ring slot; one commit group
+        # a row, empty past the rows
+        if row < r1:
+            if tx < hv:
+                base = T.Cast("int64", row) * hv + tx
+                vbase = T.Cast("int64", T.truncdiv(row, heads)) * hv + tx
+                slot = T.truncmod(row, stages) * 4
+                copy_chunk(ring, slot, tx, grad_out[base * WORDS])
+                copy_chunk(ring, slot + 1, tx, x[base * WORDS])
+                copy_chunk(ring, slot + 2, tx, k[base * WORDS])
+                copy_chunk(ring, slot + 3, tx, v[vbase * WORDS])
+        T.ptx_commit_group()
+
+    @T.macro
+    def take_row(ring, gw, xw, kw, vw, row, tx, hv):
+        # Every word of the slot is read here, before the row's reduction barrier, which orders
+        # these reads before the cp.async that refills the slot (issued after the barrier).
+        if tx < hv:
+            slot = T.truncmod(row, stages) * 4
+            take_chunk(ring, slot, tx, gw)
+            take_chunk(ring, slot + 1, tx, xw)
+            take_chunk(ring, slot + 2, tx, kw)
+            take_chunk(ring, slot + 3, tx, vw)
 
     @T.macro
     def process_row(gw, xw, kw, vw, w, d, g, rx, rk, grad_x, grad_k, grad_v, part, red, row, tok, head, tx, lane,
@@ -441,14 +522,12 @@ def build_gate_bwd(config: GateConfig):
             r1 = T.alloc_var("int32", init=t1 * heads)
             red = T.alloc_shared((2 * WARP,), "float32")
             part = T.alloc_shared((heads * hv * CHUNK,), "float32")  # sized at launch: hc H fp32
+            # slot (row % stages, operand, thread); one chunk when the rows run unpipelined (unused)
+            ring = T.alloc_shared((stages * 4 * nt * WORDS if ringed else WORDS,), "int32")
             ga = T.alloc_local((WORDS,), "int32")
             xa = T.alloc_local((WORDS,), "int32")
             ka = T.alloc_local((WORDS,), "int32")
             va = T.alloc_local((WORDS,), "int32")
-            gb = T.alloc_local((WORDS,), "int32")
-            xb = T.alloc_local((WORDS,), "int32")
-            kb = T.alloc_local((WORDS,), "int32")
-            vb = T.alloc_local((WORDS,), "int32")
             wl = T.alloc_local((CHUNK,), "float32")
             sc = T.alloc_local((4,), "float32")
             sums = T.alloc_local((1,), "float32")
@@ -457,38 +536,30 @@ def build_gate_bwd(config: GateConfig):
             ox = T.alloc_local((CHUNK,), "bfloat16")
             ok = T.alloc_local((CHUNK,), "bfloat16")
             # Threads past the row (tx >= H / 8) keep zeros: they add nothing to the sums.
-            clear((ga, xa, ka, va, gb, xb, kb, vb), WORDS, 0)
+            clear((ga, xa, ka, va), WORDS, 0)
             clear((wl, gvacc), CHUNK, T.float32(0))
             if tx < hv:
                 for hh in T.serial(heads):
                     for p in T.unroll(2):
                         for e in T.vectorized(CHUNK // 2):
                             part[((hh * 2 + p) * hv + tx) * 4 + e] = T.float32(0)
-            # (token, head) of rows ra (buffer a) and ra + 1 (buffer b)
+            # (token, head) of the row being processed
             ta = T.alloc_var("int32", init=t0)
             ha = T.alloc_var("int32", init=0)
-            tb = T.alloc_var("int32", init=t0)
-            hb = T.alloc_var("int32", init=0)
-            if pipelined:
-                if r0 < r1:
-                    load_row(grad_out, x, k, v, ga, xa, ka, va, r0, t0, tx, hv)
-                for pair in T.serial(T.ceildiv(r1 - r0, 2)):
-                    ra = r0 + 2 * pair
-                    # rows in memory order: (t, h) is followed by (t, h + 1), or by (t + 1, 0)
-                    tb = T.if_then_else(ha + 1 == heads, ta + 1, ta)
-                    hb = T.if_then_else(ha + 1 == heads, 0, ha + 1)
-                    if ra + 1 < r1:
-                        load_row(grad_out, x, k, v, gb, xb, kb, vb, ra + 1, tb, tx, hv)
-                    process_row(ga, xa, ka, va, w, d, g, rx, rk, grad_x, grad_k, grad_v, part, red, ra, ta, ha, tx,
-                                lane, warp, 0, wl, sc, sums, pw, gvacc, ox, ok, heads, hv, clamp, scale, inv_h)
-                    ta = T.if_then_else(hb + 1 == heads, tb + 1, tb)
-                    ha = T.if_then_else(hb + 1 == heads, 0, hb + 1)
-                    if ra + 1 < r1:
-                        if ra + 2 < r1:
-                            load_row(grad_out, x, k, v, ga, xa, ka, va, ra + 2, ta, tx, hv)
-                        process_row(gb, xb, kb, vb, w, d, g, rx, rk, grad_x, grad_k, grad_v, part, red, ra + 1, tb,
-                                    hb, tx, lane, warp, 1, wl, sc, sums, pw, gvacc, ox, ok, heads, hv, clamp, scale,
-                                    inv_h)
+            if ringed:
+                # The loads of the next stages - 1 rows are in flight while a row is reduced.
+                for s in T.unroll(stages - 1):
+                    issue_row(grad_out, x, k, v, ring, r0 + s, r1, heads, tx, hv)
+                for i in T.serial(r1 - r0):
+                    issue_row(grad_out, x, k, v, ring, r0 + i + stages - 1, r1, heads, tx, hv)
+                    T.ptx_wait_group(stages - 1)  # this thread's copies of row r0 + i have landed
+                    T.sync_warp()  # a compiler barrier: the slot's reads stay after the wait
+                    take_row(ring, ga, xa, ka, va, r0 + i, tx, hv)
+                    process_row(ga, xa, ka, va, w, d, g, rx, rk, grad_x, grad_k, grad_v, part, red, r0 + i, ta, ha,
+                                tx, lane, warp, T.truncmod(i, 2), wl, sc, sums, pw, gvacc, ox, ok, heads, hv, clamp,
+                                scale, inv_h)
+                    ta = T.if_then_else(ha + 1 == heads, ta + 1, ta)
+                    ha = T.if_then_else(ha + 1 == heads, 0, ha + 1)
             else:
                 for rr in T.serial(r1 - r0):
                     load_row(grad_out, x, k, v, ga, xa, ka, va, r0 + rr, ta, tx, hv)
@@ -517,11 +588,11 @@ def build_grad_w_reduce(config: ReduceConfig):
     """prim_func(partials (P, n), grad_w (n,)): grad_w[j] = sum over b of partials[b, j], fixed order.
 
     n = hc H (a multiple of 4): CTA c takes j in [128 c, 128 c + 128), a float4 per lane; warp q
-    adds b = q, q + 8, ... in increasing order (four loads in flight), then the 8 warp sums are
+    adds b = q, q + 8, ... in increasing order (eight loads in flight), then the 8 warp sums are
     added in warp order."""
     T = _tilelang.T()
     num_parts, n4 = T.dynamic("num_parts, n4")
-    unroll = 4
+    unroll = 8  # float4 loads in flight a lane (the partials are 16 MiB at the benchmark shape)
 
     @T.prim_func
     def engram_grad_w_reduce(

@@ -9,7 +9,8 @@ engram_gate against the two kernels; T = 0; misaligned views; float64 and
 the other bad arguments refused with the eager module's error types.
 
 Source tests (tilelang only, no GPU): the generated CUDA moves every row
-with 16-byte vectors and calls the accurate libdevice functions.
+with 16-byte vectors (cp.async into the shared-memory ring where there is
+one) and calls the accurate libdevice functions.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ SHAPES = [
     (300, 2, 1024),  # T > 256: backward blocks of two tokens
     (65, 4, 2048),  # 512 threads, half of them past the row
     (257, 4, 4096),  # the benchmark's configuration
+    (9, 8, 4096),   # 512 threads at hc = 8: backward ring + partials = 224.25 KiB of shared memory
     (5, 8, 7168),   # 896 threads, 224 KiB of grad_w partial sums in shared memory
     (19, 4, 7168),
     (4096, 2, 256),  # 256 backward blocks of 16 tokens: grad_w within gamma(T - 1)
@@ -275,8 +277,15 @@ def test_generated_cuda_uses_16_byte_vectors_and_accurate_maths(tilelang_only):
         for config in kernel.configs:
             source = _tilelang.lower_to_cuda(kernel.build(config))
             body = source[source.index("__global__ void __launch_bounds__"):]
+            ringed = kernel is engram.GATE_FWD or config.threads <= engram.BWD_RING_MAX_THREADS
             for name in loads:
-                assert f"= *(int4*)({name} + " in body, f"{kernel.name} {config}: {name} not read as 16-byte vectors"
+                # through the shared-memory ring (16-byte cp.async) or straight into registers
+                read = "cp_async_gs<16>(" if ringed else f"= *(int4*)({name} + "
+                assert read in body and (f"(&({name}[" in body or not ringed), \
+                    f"{kernel.name} {config}: {name} not read as 16-byte vectors"
+            if ringed:
+                assert "cp_async_wait<" in body and "cp_async_commit()" in body, f"{kernel.name} {config}"
+                assert body.count("cp_async_gs<16>(") == 2 * len(loads), f"{kernel.name} {config}: prologue + loop"
             for name in stores:
                 assert f"*(uint4*)({name} + " in body, f"{kernel.name} {config}: {name} not written as 16-byte vectors"
             assert "*(float4*)(w + " in body, f"{kernel.name} {config}: w not read as float4"
