@@ -1,12 +1,13 @@
-"""Time candidate static configurations of the per-token cast kernel against the shipped one.
+"""Time candidate static configurations of the per-token cast and mHC post kernels against the shipped ones.
 
     python -m benchmarks.tune OUT.json            # on a CUDA machine
     python -m benchmarks.tune --precompile         # here: compile every config it will time (sm_90)
 
 Each group is one call on one shape (DeepSeek-V3's: bf16 16384 x 7168 per-token
-e4m3/128 and e2m1/32; SwiGLU 16384 x 2 x 2048 e4m3/128).  For each candidate
-(`kernels.quant.TOKEN_TUNE_CONFIGS` of that source, dtype and format) the
-wrapper is pointed at it through `kernels.quant.TOKEN_OVERRIDES`, its outputs
+e4m3/128 and e2m1/32; SwiGLU 16384 x 2 x 2048 e4m3/128; mHC post 16384 x 4 x 7168).
+For each candidate (`kernels.quant.TOKEN_TUNE_CONFIGS` of that source, dtype and
+format, `kernels.mhc.POST_TUNE_CONFIGS` of that padded m) the wrapper is pointed
+at it through `kernels.quant.TOKEN_OVERRIDES` / `kernels.mhc.POST_OVERRIDES`, its outputs
 are compared byte for byte with the shipped configuration's on the timed input
 (a candidate that changes a single byte is disqualified), and it is timed twice:
 eagerly (CUDA events around the call) and replayed from a CUDA graph (the
@@ -26,6 +27,7 @@ import sys
 import time
 
 TOKENS, HIDDEN, SWIGLU_HIDDEN = 16384, 7168, 2048
+MHC_M = 4
 
 
 def _groups():
@@ -48,20 +50,49 @@ def _groups():
         return (lambda: quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128),
                 x.numel() * 2 + TOKENS * SWIGLU_HIDDEN + TOKENS * (SWIGLU_HIDDEN // 128) * 4)
 
+    def post(device):
+        from kernels import mhc
+
+        g = torch.Generator(device).manual_seed(0)
+        x = torch.randn(1, TOKENS, HIDDEN, device=device, generator=g).to(torch.bfloat16)
+        residual = torch.randn(1, TOKENS, MHC_M, HIDDEN, device=device, generator=g).to(torch.bfloat16)
+        weights = torch.rand(1, TOKENS, MHC_M, 1, device=device, generator=g) * 2
+        comb = torch.rand(1, TOKENS, MHC_M, MHC_M, device=device, generator=g)
+        return (lambda: mhc.post(x, residual, weights, comb),
+                (x.numel() + 2 * residual.numel()) * 2 + (weights.numel() + comb.numel()) * 4)
+
     return [
         (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e4m3/128", ("x", "bfloat16", "e4m3", 0), cast("e4m3", 128, 1.0)),
         (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e2m1/32", ("x", "bfloat16", "e2m1", 0), cast("e2m1", 32, 0.5)),
         (f"swiglu_forward_and_per_token_cast bf16 {TOKENS}x2x{SWIGLU_HIDDEN} e4m3/128",
          ("swiglu", "bfloat16", "e4m3", 0), swiglu),
+        (f"mhc.post bf16 1x{TOKENS}x{MHC_M}x{HIDDEN}", ("post", True, 4), post),
     ]
 
 
 def candidates(key):
-    """The shipped configuration of `key`, then every tuning candidate of its source, dtype and format."""
-    from kernels import quant
+    """The shipped configuration of `key`, then every tuning candidate of its source, dtype and format
+    (for mHC post: of its vectorisation and padded m)."""
+    from kernels import mhc, quant
 
+    if key[0] == "post":
+        default = mhc.post_config(*key[1:])
+        return [default] + [c for c in mhc.POST_TUNE_CONFIGS if tuple(c[:2]) == key[1:] and c != default]
     default = quant.TokenConfig(*key[:3], precomputed=key[3])
     return [default] + [c for c in quant.TOKEN_TUNE_CONFIGS if tuple(c[:3]) == key[:3] and c != default]
+
+
+def _kernel_of(key):
+    from kernels import mhc, quant
+
+    return mhc.POST if key[0] == "post" else quant.TOKEN_CAST
+
+
+def _overrides(key):
+    """The override table of `key`'s kernel and the key into it."""
+    from kernels import mhc, quant
+
+    return (mhc.POST_OVERRIDES, key[1:]) if key[0] == "post" else (quant.TOKEN_OVERRIDES, key)
 
 
 def _bytes_of(outputs):
@@ -74,7 +105,6 @@ def _bytes_of(outputs):
 def tune(out_path: str) -> dict:
     import torch
 
-    from kernels import quant
     from tkverify import bench
 
     copy = bench.copy_bandwidth()
@@ -84,9 +114,10 @@ def tune(out_path: str) -> dict:
         fn, nbytes = make(torch.device("cuda"))
         group = {"name": name, "key": list(key), "bytes": nbytes, "rows": []}
         reference = None
+        overrides, override_key = _overrides(key)
         for config in candidates(key):
             row = {"config": config._asdict(), "default": not group["rows"]}
-            quant.TOKEN_OVERRIDES[key] = config
+            overrides[override_key] = config
             try:
                 got = _bytes_of(fn())
                 if reference is None:
@@ -103,7 +134,7 @@ def tune(out_path: str) -> dict:
             except Exception as e:  # reported, the other candidates still run
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
             finally:
-                quant.TOKEN_OVERRIDES.pop(key, None)
+                overrides.pop(override_key, None)
             group["rows"].append(row)
             print(_line(name, row), flush=True)
         fair = [r for r in group["rows"] if r.get("bitwise_equal") and "error" not in r]
@@ -120,7 +151,10 @@ def tune(out_path: str) -> dict:
 
 def _line(name: str, row: dict) -> str:
     c = row["config"]
-    knobs = f"threads={c['threads']} steps={c['steps']} min_blocks={c['min_blocks']} precomputed={c['precomputed']}"
+    if "steps" in c:
+        knobs = f"threads={c['threads']} steps={c['steps']} min_blocks={c['min_blocks']} precomputed={c['precomputed']}"
+    else:
+        knobs = " ".join(f"{k}={v}" for k, v in c.items())
     if "error" in row:
         return f"{name} | {knobs} | error {row['error']}"
     k = row.get("kernel_us")
@@ -131,13 +165,13 @@ def _line(name: str, row: dict) -> str:
 
 def precompile() -> int:
     """Compile (sm_90, into TILELANG_CACHE_DIR) every configuration tune() will run."""
-    from kernels import _tilelang, quant
+    from kernels import _tilelang
 
     start = time.perf_counter()
-    configs = [c for _, key, _ in _groups() for c in candidates(key)]
-    for config in configs:
+    configs = [(_kernel_of(key), c) for _, key, _ in _groups() for c in candidates(key)]
+    for kernel, config in configs:
         t = time.perf_counter()
-        _tilelang.compiled_kernel(quant.TOKEN_CAST, config, _tilelang.SM90)
+        _tilelang.compiled_kernel(kernel, config, _tilelang.SM90)
         print(f"compiled {config} in {time.perf_counter() - t:.1f} s", flush=True)
     print(f"{len(configs)} configurations in {time.perf_counter() - start:.1f} s")
     return 0

@@ -52,19 +52,38 @@ run-time argument.
 
 pre_apply_mix and post (kernels mhc.pre_apply_mix, mhc.post)
 ------------------------------------------------------------
-One thread owns one 16-byte vector (8 bf16) of a token's hidden row, so every
-global access is a 16-byte load or store; a block of 128 threads takes 1024
-consecutive channels of one token.  All m input rows are loaded first (up to
-8 x 16 bytes in flight per thread), then the terms are added in order, each
-product and sum rounded once (``__fmul_rn`` / ``__fadd_rn``), one final
-round-to-nearest-even conversion to bf16.  pre_apply_mix: acc = +0, then
+Every global access of the bf16 tensors is a 16-byte vector (8 bf16): a warp
+reads or writes 32 consecutive vectors (512 bytes) of one row.  All of a
+thread's loads are issued before the first use, then the terms are added in
+order, each product and sum rounded once (``__fmul_rn`` / ``__fadd_rn``), one
+final round-to-nearest-even conversion to bf16.  pre_apply_mix: acc = +0, then
 acc + x_i * mix_i for i = 0 .. m - 1.  post: acc = x * post_n, then
-acc + comb[i, n] * residual_i for i = 0 .. m - 1; a block stages its token's
-comb and post in shared memory.  The tail: the vectorised configuration is
-used when H % 8 == 0 and every tensor is 16-byte aligned; otherwise a scalar
-configuration (one element per thread, every access guarded) runs the same
-arithmetic.  m (2 .. 8) is a run-time argument (loops unrolled to 8 with
-uniform guards), so each op has two configurations: vectorised or scalar.
+acc + comb[i, n] * residual_i for i = 0 .. m - 1.
+
+pre_apply_mix: one thread owns one vector of a token's hidden row; a block of
+128 threads takes 1024 consecutive channels of one token and loads all m rows
+(up to 8 x 16 bytes in flight per thread).
+
+post writes as much as it reads (m rows out for m + 1 in), so it needs more
+bytes in flight than pre_apply_mix: a CTA of 128 threads covers `chunks` x 128
+vectors of one token (chunk j of thread t is vector tile * span + j * 128 + t),
+and each thread loads its x vectors and m residual vectors of every chunk
+(2 x 5 x 16 bytes for m = 4) before anything else.  Only then does it stage
+the token's comb and post in shared memory (threads 0 .. MP^2 + MP - 1, one
+weight each) and meet the barrier, so the weights' latency hides behind the
+data's; then the m outputs of each chunk are stored.  m <= MP, the loops
+unrolled to MP = 4 or 8 (a static configuration, as for Sinkhorn) with uniform
+guards, so that m = 4 needs 64 registers (8 CTAs, 1024 threads per SM; about
+160 KB of loads in flight per SM).  The last CTA of a token may have fewer
+chunks than `chunks` (every chunk is guarded); `PostConfig` holds the geometry
+(`POST_TUNE_CONFIGS`: candidates a GPU run may time, `POST_OVERRIDES` selects
+one).
+
+The tail: the vectorised configurations are used when H % 8 == 0 and every bf16
+tensor is 16-byte aligned; otherwise a scalar configuration (one element per
+vector, every access guarded) runs the same arithmetic.  m (2 .. 8) is a
+run-time argument: pre_apply_mix has two configurations (vectorised or
+scalar), post three (vectorised with MP = 4 or 8, scalar with MP = 8).
 
 All global accesses are guarded by hand (tilelang's safe-memory legalisation
 is off, as in kernels/moe.py: it would add per-lane checks that block
@@ -116,6 +135,16 @@ __device__ __forceinline__ float tkm_rcp(float x) {
   return r;
 #else
   return 1.0f / x;
+#endif
+}
+// 16 bytes (dst 16-byte aligned) stored with st.global.cs: written once, evicted first from L2.
+__device__ __forceinline__ void tkm_store16_stream(void* dst, const void* src) {
+  uint4 v = *(const uint4*)src;
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+               :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#else
+  *(uint4*)dst = v;
 #endif
 }
 #endif
@@ -396,6 +425,34 @@ class MixConfig(NamedTuple):
 MIX_CONFIGS = (MixConfig(True), MixConfig(False))
 
 
+class PostConfig(NamedTuple):
+    vectorized: bool  # 16-byte accesses: H % 8 == 0 and every bf16 tensor 16-byte aligned
+    padded: int  # MP: the loops over m (<= MP) are unrolled to MP
+    chunks: int = 2  # vectors a thread takes from each row, `threads` vectors apart
+    threads: int = MIX_THREADS
+    min_blocks: int = 1  # CTAs per SM promised to ptxas (caps registers at 65536 / (threads * min_blocks))
+    streaming: bool = False  # outputs stored with st.global.cs (evict-first), vectorised only
+
+
+# post's shipped configurations, one per (vectorized, padded): register counts from ptxas (sm_90,
+# no spills): MP = 4 64 (8 CTAs, 1024 threads per SM), MP = 8 96 (5 CTAs), scalar 46.
+POST_CONFIGS = (PostConfig(True, 4, min_blocks=8), PostConfig(True, 8, min_blocks=5), PostConfig(False, 8))
+# Candidates a GPU run times against PostConfig(True, 4, min_blocks=8) (bitwise equal by construction):
+# 4 vectors a thread (120 registers, 4 CTAs per SM), and the default geometry with streaming stores.
+POST_TUNE_CONFIGS = (PostConfig(True, 4, chunks=4, min_blocks=4), PostConfig(True, 4, min_blocks=8, streaming=True))
+# (vectorized, padded) -> the configuration to use instead of the shipped one (any of POST.configs),
+# for a tuning run.
+POST_OVERRIDES: dict[tuple[bool, int], PostConfig] = {}
+
+
+def post_config(vectorized: bool, padded: int) -> PostConfig:
+    """The configuration of a post call: the shipped one, unless a tuning run overrides it."""
+    override = POST_OVERRIDES.get((vectorized, padded))
+    if override is not None:
+        return override
+    return next(c for c in POST_CONFIGS if c.vectorized == vectorized and c.padded == (padded if vectorized else MAX_M))
+
+
 class SplitConfig(NamedTuple):
     pass
 
@@ -495,12 +552,64 @@ def build_pre_apply_mix(config: MixConfig):
 PRE_APPLY_MIX = KernelDef("mhc.pre_apply_mix", build_pre_apply_mix, MIX_CONFIGS)
 
 
-def build_post(config: MixConfig):
+def build_post(config: PostConfig):
     """prim_func(x (T, H), residual (T, m, H), post (T, m), comb (T, m, m), out (T, m, H), ...)."""
     T = _tilelang.T()
-    threads = MIX_THREADS
-    vec = MIX_VECTOR if config.vectorized else 1
+    vectorized, mp, chunks, threads, min_blocks, streaming = config
+    vec = MIX_VECTOR if vectorized else 1
+    span = chunks * threads  # vectors of a token one CTA covers
+    assert threads >= mp * mp + mp, "one thread stages each weight"
+    assert vectorized or not streaming, "streaming stores are 16-byte vectors"
     num_tokens, m, num_vecs = T.dynamic("num_tokens, m, num_vecs")
+
+    @T.macro
+    def load_inputs(x, residual, token, first, m, num_vecs, xv, rows):
+        # chunk j is vector first + j * threads: a warp reads 32 consecutive vectors of a row
+        for j in T.unroll(chunks):
+            if first + j * threads < num_vecs:
+                for k in T.vectorized(vec):
+                    xv[j, k] = x[token, (first + j * threads) * vec + k]
+                for i in T.unroll(mp):
+                    if i < m:
+                        for k in T.vectorized(vec):
+                            rows[j, i, k] = residual[token, i, (first + j * threads) * vec + k]
+
+    @T.macro
+    def stage_weights(post, comb, token, m, tx, weights):
+        # comb[i, n] at i * mp + n, then post[n] at mp * mp + n
+        if tx < mp * mp:
+            if tx // mp < m and tx % mp < m:
+                weights[tx] = comb[token, tx // mp, tx % mp]
+        elif tx < mp * mp + mp:
+            if tx - mp * mp < m:
+                weights[tx] = post[token, tx - mp * mp]
+
+    @T.macro
+    def store(out, token, n, v, acc, packed):
+        if streaming:
+            for k in T.vectorized(vec):
+                packed[k] = T.Cast("bfloat16", acc[k])
+            T.call_extern("handle", "tkm_store16_stream", T.address_of(out[token, n, v * vec]),
+                          T.address_of(packed[0]))
+        else:
+            for k in T.vectorized(vec):
+                out[token, n, v * vec + k] = T.Cast("bfloat16", acc[k])
+
+    @T.macro
+    def mix_and_store(out, token, first, m, num_vecs, xv, rows, weights, acc, packed):
+        # out_n = x * post_n, then + comb[i, n] * residual_i for i = 0 .. m - 1, each rounded once
+        for j in T.unroll(chunks):
+            if first + j * threads < num_vecs:
+                for n in T.unroll(mp):
+                    if n < m:
+                        for k in T.unroll(vec):
+                            acc[k] = T.ieee_mul(T.Cast("float32", xv[j, k]), weights[mp * mp + n])
+                        for i in T.unroll(mp):
+                            if i < m:
+                                for k in T.unroll(vec):
+                                    acc[k] = T.ieee_add(acc[k], T.ieee_mul(weights[i * mp + n],
+                                                                           T.Cast("float32", rows[j, i, k])))
+                        store(out, token, n, first + j * threads, acc, packed)
 
     @T.prim_func
     def post_mix(
@@ -513,47 +622,29 @@ def build_post(config: MixConfig):
         block_offset: T.int64,
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
-        tiles = T.ceildiv(num_vecs, threads)
-        with T.Kernel(num_blocks, threads=threads) as block:
+        tiles = T.ceildiv(num_vecs, span)
+        with T.Kernel(num_blocks, threads=threads, prelude=PRELUDE) as block:
+            T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
             logical = T.alloc_var("int64", init=block_offset + block)
             token = T.alloc_var("int64", init=T.truncdiv(logical, tiles))
-            v = T.alloc_var("int32", init=T.Cast("int32", T.truncmod(logical, tiles)) * threads + tx)
-            weights = T.alloc_shared((MAX_M * MAX_M + MAX_M,), "float32")  # comb[i, n] at i * 8 + n, then post
-            xv = T.alloc_local((vec,), "bfloat16")
-            rows = T.alloc_local((MAX_M, vec), "bfloat16")
+            first = T.alloc_var("int32", init=T.Cast("int32", T.truncmod(logical, tiles)) * span + tx)
+            weights = T.alloc_shared((mp * mp + mp,), "float32")
+            xv = T.alloc_local((chunks, vec), "bfloat16")
+            rows = T.alloc_local((chunks, mp, vec), "bfloat16")
             acc = T.alloc_local((vec,), "float32")
+            packed = T.alloc_local((vec,), "bfloat16")
             if token < num_tokens:  # block-uniform
-                if tx < MAX_M * MAX_M:
-                    if tx // MAX_M < m and tx % MAX_M < m:
-                        weights[tx] = comb[token, tx // MAX_M, tx % MAX_M]
-                elif tx < MAX_M * MAX_M + MAX_M:
-                    if tx - MAX_M * MAX_M < m:
-                        weights[tx] = post[token, tx - MAX_M * MAX_M]
+                # the data loads go out before the barrier: the weights' latency hides behind theirs
+                load_inputs(x, residual, token, first, m, num_vecs, xv, rows)
+                stage_weights(post, comb, token, m, tx, weights)
                 T.sync_threads()
-                if v < num_vecs:
-                    for k in T.vectorized(vec):
-                        xv[k] = x[token, v * vec + k]
-                    for i in T.unroll(MAX_M):
-                        if i < m:
-                            for k in T.vectorized(vec):
-                                rows[i, k] = residual[token, i, v * vec + k]
-                    for n in T.unroll(MAX_M):
-                        if n < m:
-                            for k in T.unroll(vec):
-                                acc[k] = T.ieee_mul(T.Cast("float32", xv[k]), weights[MAX_M * MAX_M + n])
-                            for i in T.unroll(MAX_M):
-                                if i < m:
-                                    for k in T.unroll(vec):
-                                        acc[k] = T.ieee_add(acc[k], T.ieee_mul(weights[i * MAX_M + n],
-                                                                               T.Cast("float32", rows[i, k])))
-                            for k in T.vectorized(vec):
-                                out[token, n, v * vec + k] = T.Cast("bfloat16", acc[k])
+                mix_and_store(out, token, first, m, num_vecs, xv, rows, weights, acc, packed)
 
     return post_mix
 
 
-POST = KernelDef("mhc.post", build_post, MIX_CONFIGS)
+POST = KernelDef("mhc.post", build_post, POST_CONFIGS + POST_TUNE_CONFIGS)
 
 
 # ------------------------------------------------------------------- wrappers
@@ -642,9 +733,14 @@ def _check_tokens_fit(name: str, t: torch.Tensor, per_token: int) -> None:
         raise ValueError(f"{name}: at most {_tilelang.MAX_DIM} elements per token, got shape {tuple(t.shape)}")
 
 
+def _vectorizable(hidden: int, tensors: tuple) -> bool:
+    """16-byte accesses: H % 8 == 0 and every bf16 tensor starts on a 16-byte boundary."""
+    return hidden % MIX_VECTOR == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
 def _launch_mix(kernel_def: KernelDef, tokens: int, hidden: int, aligned: tuple, *args) -> None:
-    """pre_apply_mix / post: the vectorised configuration when H % 8 == 0 and every bf16 tensor is aligned."""
-    vectorized = hidden % MIX_VECTOR == 0 and all(t.data_ptr() % 16 == 0 for t in aligned)
+    """pre_apply_mix: the vectorised configuration when H % 8 == 0 and every bf16 tensor is aligned."""
+    vectorized = _vectorizable(hidden, aligned)
     vec = MIX_VECTOR if vectorized else 1
     device = aligned[0].device
     kernel = _tilelang.kernel_for(kernel_def, MixConfig(vectorized), device)
@@ -712,6 +808,13 @@ def post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torc
     tokens = a * b
     if tokens == 0:
         return out
-    _launch_mix(POST, tokens, hidden, (x, residual, out), x.view(tokens, hidden), residual.view(tokens, m, hidden),
-                post_weights.view(tokens, m), comb.view(tokens, m, m), out.view(tokens, m, hidden))
+    vectorized = _vectorizable(hidden, (x, residual, out))
+    config = post_config(vectorized, _padded(m))
+    kernel = _tilelang.kernel_for(POST, config, x.device)
+    vecs = hidden // MIX_VECTOR if vectorized else hidden
+    tiles = -(-vecs // (config.chunks * config.threads))
+    with _tilelang.device_guard(x.device):
+        _tilelang.launch_in_pieces(kernel, tokens * tiles, x.view(tokens, hidden), residual.view(tokens, m, hidden),
+                                   post_weights.view(tokens, m), comb.view(tokens, m, m),
+                                   out.view(tokens, m, hidden))
     return out

@@ -211,8 +211,11 @@ def _post_model(x, residual, post, comb):
     return torch.stack(outs, dim=2)
 
 
-@pytest.mark.parametrize("m", [2, 3, 4, 8])
-@pytest.mark.parametrize("hidden", [1, 7, 8, 9, 1000, 1024, 7168])
+# 2056, 4104: one 16-byte vector past post's CTA spans (256 and 512 vectors); 7168: a last CTA with
+# half its chunks; 4097, 7169: the scalar configuration across many CTAs.  m = 3, 5 leave padded
+# rows of MP = 4, 8.
+@pytest.mark.parametrize("m", [2, 3, 4, 5, 8])
+@pytest.mark.parametrize("hidden", [1, 7, 8, 9, 1000, 1024, 2056, 4097, 4104, 7168, 7169])
 def test_pre_apply_mix_and_post(mhc, m, hidden):
     a, b = 2, 5
     g = torch.Generator().manual_seed(m * 10000 + hidden)
@@ -228,6 +231,25 @@ def test_pre_apply_mix_and_post(mhc, m, hidden):
     got = mhc.post(xh.cuda(), x.cuda(), post.cuda(), comb.cuda())
     assert got.shape == (a, b, m, hidden) and got.dtype == torch.bfloat16
     assert torch.equal(got.cpu(), _post_model(xh, x, post, comb))
+
+
+@pytest.mark.parametrize("hidden", [8, 1000, 2056, 4104, 7168])
+def test_post_tuning_candidates_match_the_model(mhc, hidden):
+    """Every configuration a tuning run may time (kernels.mhc.POST_TUNE_CONFIGS) is exact too."""
+    a, b, m = 1, 3, 4
+    g = torch.Generator().manual_seed(hidden)
+    x = torch.randn(a, b, hidden, generator=g).to(torch.bfloat16)
+    residual = (torch.randn(a, b, m, hidden, generator=g) * 2).to(torch.bfloat16)
+    post = torch.rand(a, b, m, 1, generator=g) * 2
+    comb = torch.randn(a, b, m, m, generator=g)
+    want = _post_model(x, residual, post, comb)
+    for config in mhc.POST_TUNE_CONFIGS:
+        mhc.POST_OVERRIDES[(config.vectorized, config.padded)] = config
+        try:
+            got = mhc.post(x.cuda(), residual.cuda(), post.cuda(), comb.cuda())
+        finally:
+            mhc.POST_OVERRIDES.clear()
+        assert torch.equal(got.cpu(), want), config
 
 
 def test_mix_ops_misaligned_and_empty(mhc):
