@@ -450,7 +450,7 @@ NOT_ENTRY_POINTS = {
     "quant.fast_paths": "which fast paths a TileLang configuration compiles",
     "quant.magic_divisor": "host arithmetic for a kernel argument",
     "quant.token_config": "picks a TileLang static configuration (the tuned one) for a call",
-    "transpose.vector_tile": "a TileLang tile size",
+    "transpose.elements_per_word": "element-width arithmetic",
     "engram.apply_unfused": "engram_gate's body, shared by both implementations (covered by engram_gate's table)",
     "engram.gate_function": "builds the autograd Function of a (fwd, bwd) pair (covered by EngramGate's table)",
     "engram.config_for_hidden": "picks a TileLang static configuration from H",
@@ -458,7 +458,7 @@ NOT_ENTRY_POINTS = {
     "engram.backward_blocks": "launch geometry arithmetic",
     "mhc.checkpoint_interval": "the backward's checkpoint arithmetic",
     "mhc.sinkhorn_function": "builds the autograd Function of a (fwd, bwd) pair (covered by Sinkhorn's table)",
-    "transpose.tile_side": "a TileLang tile size",
+    "transpose.tile_shape": "a TileLang tile size",
 }
 
 # -- which functions, in which implementations ----------------------------------------------------------
