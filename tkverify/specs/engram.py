@@ -214,7 +214,8 @@ def _np(t: Any) -> np.ndarray:
 
 
 def _sigmoid(a: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
+    # np.where evaluates both branches: the unused one may overflow (inf / inf), harmlessly
+    with np.errstate(over="ignore", invalid="ignore"):
         return np.where(a >= 0, 1.0 / (1.0 + np.exp(-a)), np.exp(a) / (1.0 + np.exp(a)))
 
 
