@@ -4,7 +4,7 @@
     python -m benchmarks.tune --precompile         # here: compile every config it will time (sm_90)
 
 Each group is one call on one shape (DeepSeek-V3's: bf16 16384 x 7168 per-token
-e4m3/128 and e2m1/32; SwiGLU 16384 x 2 x 2048 e4m3/128; mHC post 16384 x 4 x 7168).
+e4m3/128, e2m1/32 and e5m6 whole rows; SwiGLU 16384 x 2 x 2048 e4m3/128; mHC post 16384 x 4 x 7168).
 For each candidate (`kernels.quant.TOKEN_TUNE_CONFIGS` of that source, dtype and
 format, `kernels.mhc.POST_TUNE_CONFIGS` of that padded m) the wrapper is pointed
 at it through `kernels.quant.TOKEN_OVERRIDES` / `kernels.mhc.POST_OVERRIDES`, its outputs
@@ -64,6 +64,8 @@ def _groups():
     return [
         (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e4m3/128", ("x", "bfloat16", "e4m3", 0), cast("e4m3", 128, 1.0)),
         (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e2m1/32", ("x", "bfloat16", "e2m1", 0), cast("e2m1", 32, 0.5)),
+        (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e5m6/{HIDDEN}", ("x", "bfloat16", "e5m6", 0),
+         cast("e5m6", HIDDEN, 1.5)),
         (f"swiglu_forward_and_per_token_cast bf16 {TOKENS}x2x{SWIGLU_HIDDEN} e4m3/128",
          ("swiglu", "bfloat16", "e4m3", 0), swiglu),
         (f"mhc.post bf16 1x{TOKENS}x{MHC_M}x{HIDDEN}", ("post", True, 4), post),

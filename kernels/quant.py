@@ -95,10 +95,23 @@ end with 0), every lane computes the sf, and the group's first lane writes it.
   nothing: no branch for the compiler to schedule around).  Then per block:
   amax, shuffles, sf, the 8K quotients and codes, the store.  At most 85
   registers (3 CTAs per SM).
-* Generic path (0; npc = H not of that form): L = gcd(npc / 8, 32), lane j's
-  chunk k of block b is chunk (b * K + k) * L + j (a warp's loads of one k are
-  contiguous); a loop over the K chunks for the amax, then a second loop (its
-  loads hit L1 / L2) that quantises and stores chunk by chunk.
+* Row path (ROW_PATH = 1; npc = H not of that form, 32 <= H / 8 <= R * threads):
+  a team of L threads (whole warps, L the least power of two >= 32 with
+  L * R >= H / 8; R = `row_chunks`, 32 words of input per thread: 8 chunks of
+  bf16 x, 4 of fp32 x or bf16 swiglu, 2 of fp32 swiglu) owns one row; thread j
+  holds the row's chunks j, j + L, ... (at most R, a warp's loads of one slot
+  are 512 contiguous bytes), every load issued before any use.  The warps'
+  amaxes meet in shared memory (one barrier: one row per team, and every
+  thread reaches it); the sf is computed by every thread, written by the
+  team's first.  x's values are re-derived from the words for the encoding;
+  swiglu's y is kept.  16384 x 7168 bf16: L = 128, 7 chunks per thread, two
+  rows per 256-thread CTA.  The codes are stored chunk by chunk (e5m6: three
+  words, a warp's stores of one slot contiguous).
+* Generic path (0; rows of fewer than 32 chunks, or longer than a row path
+  holds): L = gcd(npc / 8, 32), lane j's chunk k of block b is chunk
+  (b * K + k) * L + j (a warp's loads of one k are contiguous); a loop over the
+  K chunks for the amax, one load at a time, then a second loop (its loads hit
+  L1 / L2) that quantises and stores chunk by chunk.
 * H % 8 != 0 (only with npc = H): the wrapper zero-pads the rows to a
   multiple of 8 (zeros do not move an amax) and crops the data.
 * sf_only skips the data stores; precomputed sf reads each block's sf (fp32,
@@ -186,12 +199,21 @@ DATA_WORDS_PER_CHUNK = {"e4m3": 2, "e2m1": 1, "e5m6": 3}
 FAST_CHUNKS_PER_LANE = {("x", "bfloat16"): 4, ("x", "float32"): 2, ("swiglu", "bfloat16"): 4, ("swiglu", "float32"): 2}
 FAST_CHUNKS = {key: chunks * THREADS for key, chunks in FAST_CHUNKS_PER_LANE.items()}
 GENERIC_STEPS = 2  # blocks per lane in the generic (two-pass) path
+ROW_PATH = 1  # `path` of the row path (fast paths: path = K; generic: 0)
+# Row path: 32-bit input words a thread holds in registers (its chunks of one block, all loaded
+# at once), as many as the K = 4 fast paths hold for bf16 x at steps = 2.
+ROW_WORDS = 32
 MAX_CHUNKS_PER_LAUNCH = 2**26  # token_cast: chunks of y per launch (x indices stay below 2^31)
 
 
 def fast_paths(source: str, dtype: str) -> tuple[int, ...]:
     """Chunks per lane (K) of the register-resident fast paths of a token_cast configuration."""
     return (2, 4) if dtype == "bfloat16" else (2,)
+
+
+def row_chunks(source: str, dtype: str) -> int:
+    """Most chunks of one block a thread of the row path holds (ROW_WORDS words of input)."""
+    return ROW_WORDS // (WORDS_PER_CHUNK[dtype] * (2 if source == "swiglu" else 1))
 
 
 SF_FP32, SF_UE8M0, SF_PACKED = 0, 1, 2
@@ -506,6 +528,9 @@ TOKEN_TUNE_CONFIGS = (
     TokenConfig("x", "bfloat16", "e4m3", threads=128, steps=2, min_blocks=4),
     TokenConfig("x", "bfloat16", "e2m1", threads=128, min_blocks=6),
     TokenConfig("swiglu", "bfloat16", "e4m3", threads=128, min_blocks=6),
+    # e5m6 whole rows of 7168 (the row path: a 128-thread team per row): one row per CTA, so that
+    # each row's barrier holds up no other row, at the same 85-register cap and occupancy
+    TokenConfig("x", "bfloat16", "e5m6", threads=128, min_blocks=6),
 )
 
 
@@ -520,6 +545,8 @@ def build_token_cast(config: TokenConfig):
     width = 2 * wpc if swiglu else wpc  # words a slot holds (swiglu: l, then r)
     fast_ks = fast_paths(source, dtype)
     fast_chunks = FAST_CHUNKS_PER_LANE[source, dtype] * threads * steps
+    per_thread = row_chunks(source, dtype)
+    vals_stride = CHUNK if swiglu else 0  # row path: where chunk k's values start in vals
     n_xw, n_dw, n_s32, n_s8, n_pos, n_tw, n_cnt = T.dynamic("n_xw, n_dw, n_s32, n_s8, n_pos, n_tw, n_cnt")
     # the quotient is x * (1/sf) alone for swiglu and e2m1 (see encode_chunk), with a correction otherwise
     scale_of, read_scale, write_scale = _scale_macros(T, fmt, exact_reciprocal=not (swiglu or fmt == "e2m1"))
@@ -755,18 +782,77 @@ def build_token_cast(config: TokenConfig):
                     for v in T.unroll(dpc):
                         dw[chunk * dpc + v] = T.Cast("int32", out[v])
 
+    @T.macro
+    def row_path(xw, dw, sf32, sf8, pos, tw, red, num_blocks, team_log2, blk_chunks, cols, cols_mul, cols_shift,
+                 row0, s0, s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
+                 do_count, clamp, cta, tx, counts):
+        # A team of 2^team_log2 threads (whole warps, host: 32 <= team <= threads) per block of
+        # blk_chunks chunks; thread j of the team takes the block's chunks j, j + team, ... (a warp's
+        # loads of one slot are 512 contiguous bytes), at most `per_thread` of them (the host picks the
+        # team so), all loaded before any is used.  The amax meets across the team's warps in shared
+        # memory.  One block per team, so the CTA's single barrier is reached by every thread.
+        team = 1 << team_log2
+        lane_in_team = tx & (team - 1)
+        block = cta * (threads >> team_log2) + (tx >> team_log2)
+        valid = block < num_blocks
+        words = T.alloc_local((per_thread, width), "uint32")
+        # swiglu keeps y (its values cost ~30 instructions each); x's values are the words themselves
+        vals = T.alloc_local(((per_thread if swiglu else 1) * CHUNK,), "float32")
+        q = T.alloc_local((CHUNK,), "float32")
+        st = T.alloc_local((3,), "float32")
+        ue = T.alloc_local((1,), "uint32")
+        codes = T.alloc_local((CHUNK,), "uint32")
+        out = T.alloc_local((dpc,), "uint32")
+        rows = T.alloc_local((1,), "int32")
+        live = T.alloc_local((1,), "int32")
+        weight = T.alloc_local((1,), "float32")
+        amax = T.alloc_var("uint32", init=0)
+        row_of_block(pos, tw, block, valid, has_pos, has_w, cols_mul, cols_shift, rows, live, weight, 0)
+        for k in T.unroll(per_thread):
+            if valid and k * team + lane_in_team < blk_chunks and live[0] != 0:
+                load_chunk(xw, words, k, block * blk_chunks + k * team + lane_in_team, rows[0], hidden_chunks)
+        amax = _u(T, 0)
+        for k in T.unroll(per_thread):
+            if valid and k * team + lane_in_team < blk_chunks:
+                chunk_values(words, k, vals, k * vals_stride, live[0] != 0, weight[0], clamp, counts,
+                             do_count != 0)
+                amax = T.max(amax, chunk_amax(words, k, vals, k * vals_stride))
+        if precomputed == 0:
+            for s in T.unroll(5):
+                amax = T.max(amax, T.shfl_xor(amax, 1 << s))
+            if (tx & (WARP - 1)) == 0:
+                red[tx >> 5] = amax
+            T.sync_threads()
+            # the team's warps are red[first : first + team / 32]
+            for w in T.unroll(threads // WARP):
+                if w < (team >> 5):
+                    amax = T.max(amax, red[((tx >> team_log2) << (team_log2 - 5)) + w])
+        block_scale(amax, valid, lane_in_team, precomputed, sf32, sf8, sf_mode, row0 + rows[0],
+                    block - rows[0] * cols, s0, s1, round_sf, clamp_bits, st, ue)
+        if with_data != 0:
+            for k in T.unroll(per_thread):
+                if valid and k * team + lane_in_team < blk_chunks:
+                    if not swiglu:
+                        chunk_values(words, k, vals, 0, True, weight[0], clamp, counts, False)
+                    encode_chunk(vals, k * vals_stride, q, codes, st, precomputed, out, 0)
+                    for v in T.unroll(dpc):
+                        dw[(block * blk_chunks + k * team + lane_in_team) * dpc + v] = T.Cast("int32", out[v])
+
     # The two sources differ in their arguments only; one body serves both.
     @T.macro
     def kernel_body(xw, dw, sf32, sf8, pos, tw, cnt, num_chunks, num_blocks, path, lanes_log2, blk_k, cols, cols_mul,
                     cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, with_data, precomputed, hidden_chunks,
                     has_pos, has_w, do_count, clamp):
-        # chunks per CTA: FAST_CHUNKS for the fast paths (blk_k * steps * THREADS), else GENERIC_STEPS * THREADS * K
-        chunks_per_cta = T.if_then_else(path != 0, fast_chunks, GENERIC_STEPS * threads * blk_k)
+        # chunks per CTA: generic GENERIC_STEPS * threads * K; row path one block (blk_k chunks) per team of
+        # 2^lanes_log2 threads; fast paths FAST_CHUNKS_PER_LANE * threads * steps
+        chunks_per_cta = T.if_then_else(path == 0, GENERIC_STEPS * threads * blk_k, T.if_then_else(
+            path == ROW_PATH, (threads >> lanes_log2) * blk_k, fast_chunks))
         with T.Kernel(T.ceildiv(num_chunks, chunks_per_cta), threads=threads, prelude=PRELUDE) as cta:
             # at most 85 registers: 3 CTAs (24 warps) per SM for the K = 4 paths (ptxas: no spills)
             T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
             counts = T.alloc_local((3,), "int32")
+            red = T.alloc_shared((threads // WARP,), "uint32")  # row path: the warps' amaxes
             clamp_bits = _bits(T, clamp_min)
             for i in T.unroll(3):
                 counts[i] = 0
@@ -774,6 +860,10 @@ def build_token_cast(config: TokenConfig):
                 generic_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, blk_k, cols, cols_mul, cols_shift,
                              row0, s0, s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks,
                              has_pos, has_w, do_count, clamp, cta, tx, counts)
+            elif path == ROW_PATH:
+                row_path(xw, dw, sf32, sf8, pos, tw, red, num_blocks, lanes_log2, blk_k, cols, cols_mul, cols_shift,
+                         row0, s0, s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos,
+                         has_w, do_count, clamp, cta, tx, counts)
             elif path == 2:
                 fast_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, cols, cols_mul, cols_shift, row0, s0,
                           s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
@@ -1112,12 +1202,13 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)  # per launch otherwise; pure in its arguments
 def _token_geometry(config: "TokenConfig", num_per_channels: int) -> tuple[int, int, int, int]:
-    """(path, log2 L, K, chunks per CTA) for blocks of num_per_channels = 8 * L * K elements.
+    """(path, log2 L, K, chunks per CTA) for blocks of num_per_channels elements (npc / 8 chunks).
 
     A fast path (path = K) holds a lane's K chunks in registers: K = 4 when npc / 32 is a
     power of two up to 32 (and the configuration has that path), else K = 2 when npc / 16
-    is.  Otherwise (npc = H, odd multiples of 8 or wider than 4 KiB-ish) the generic path
-    (0) takes L = gcd(npc / 8, 32) lanes and loops over K = npc / 8L chunks.
+    is.  Otherwise (npc = H) the row path (ROW_PATH) when a team of L threads, L the least
+    power of two >= 32 with L * row_chunks >= npc / 8, fits the CTA (K = npc / 8 there);
+    rows of fewer than 32 chunks, or too long for the CTA's registers, take the generic path.
     """
     chunks = num_per_channels // CHUNK
     for k in sorted(fast_paths(config.source, config.dtype), reverse=True):
@@ -1125,6 +1216,19 @@ def _token_geometry(config: "TokenConfig", num_per_channels: int) -> tuple[int, 
         if chunks % k == 0 and lanes & (lanes - 1) == 0 and lanes <= WARP:
             return k, lanes.bit_length() - 1, k, FAST_CHUNKS_PER_LANE[config.source, config.dtype] * config.threads \
                 * config.steps
+    per_thread = row_chunks(config.source, config.dtype)
+    if WARP <= chunks <= per_thread * config.threads:
+        team = max(WARP, 1 << (-(-chunks // per_thread) - 1).bit_length())
+        return ROW_PATH, team.bit_length() - 1, chunks, (config.threads // team) * chunks
+    return _generic_geometry(config, num_per_channels)
+
+
+def _generic_geometry(config: "TokenConfig", num_per_channels: int) -> tuple[int, int, int, int]:
+    """The generic path's (0, log2 L, K, chunks per CTA): L = gcd(npc / 8, 32) lanes loop over K = npc / 8L chunks.
+
+    It takes any npc % 8 == 0 (the GPU tests compare the other paths with it).
+    """
+    chunks = num_per_channels // CHUNK
     lanes = math.gcd(chunks, WARP)
     return 0, lanes.bit_length() - 1, chunks // lanes, GENERIC_STEPS * config.threads * (chunks // lanes)
 
