@@ -67,7 +67,9 @@ def any_bits(num_rows: int, hidden: int, dtype: torch.dtype, seed: int) -> torch
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8).cpu()
+    flat = torch.empty(t.numel(), dtype=t.dtype)  # stride 1 (a 1 x 1 column-major sf is "contiguous" with stride 4)
+    flat.copy_(t.reshape(-1))
+    return flat.view(torch.uint8)
 
 
 def assert_same_output(got, want, what: str = "") -> None:
