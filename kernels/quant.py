@@ -1124,7 +1124,8 @@ def build_block_cast(config: BlockConfig):
                 if fmt == "e4m3":
                     for e in T.unroll(CHUNK):
                         if col0 + e < hidden:
-                            data[row0 + i, col0 + e] = T.Cast("uint8", (out[e // 4] >> _u(T, 8 * (e % 4))) & _u(T, 0xFF))
+                            data[row0 + i, col0 + e] = T.Cast(
+                                "uint8", (out[e // 4] >> _u(T, 8 * (e % 4))) & _u(T, 0xFF))
                 else:
                     for p in T.unroll(CHUNK // 2):
                         if col0 + 2 * p < hidden:  # H is even: the pair's second column is there too
