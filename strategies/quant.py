@@ -54,6 +54,11 @@ LARGE_HIDDEN = 7168
 TOKEN_BLOCKS = (16, 32, 64, 128)
 PER_BLOCK_SIZES = ((128, 128), (32, 32))
 CHANNEL_BLOCKS = (16, 32, 64, 128)
+# per_channel_cast's H: below a 16-byte chunk (2, 6), H % 8 != 0 past a tile's chunks (66: the
+# TileLang kernel's element path), multiples of 8 below, at and past its 128-column tile (32,
+# 136: a tile of one chunk), and odd H (e4m3 only: e2m1 needs an even H).
+CHANNEL_HIDDEN_SIZES = (2, 6, 32, 66, 128, 136, 256)
+CHANNEL_ODD_HIDDEN_SIZES = (7, 131)
 TOKEN_TAILS = (15, 17, 31, 33, 63, 65, 127, 129)
 MAX_ELEMENTS = 1 << 16
 # (round_sf, use_ue8m0, use_packed_ue8m0): every combination the contract allows.
@@ -391,7 +396,7 @@ def per_channel_cast_cases(draw) -> Case:
     fmt = draw(st.sampled_from(("e4m3", "e2m1")))
     dtype = draw(st.sampled_from(tuple(DTYPES)))
     npt = draw(st.sampled_from(CHANNEL_BLOCKS))
-    hidden = draw(st.sampled_from((2, 6, 32, 66, 128, 256)))
+    hidden = draw(st.sampled_from(CHANNEL_HIDDEN_SIZES + (CHANNEL_ODD_HIDDEN_SIZES if fmt == "e4m3" else ())))
     options = draw(sf_options(fmt))
     num_rows = draw(token_counts(hidden, npt))
     x = draw(_values((num_rows, hidden), (npt, 1), fmt, dtype, options["round_sf"], options["clamp_min"]))

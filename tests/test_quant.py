@@ -752,6 +752,33 @@ def test_block_strategies_have_tails_and_partial_blocks(strategy):
     assert seen == set(features), set(features) - seen
 
 
+def test_block_strategies_reach_the_block_cast_kernel_paths():
+    """The TileLang block_cast kernel tiles 128 rows x 128 columns and takes 16-byte vectors
+    where H % 8 == 0, else an element path: the strategies reach its tails on both paths."""
+    def shape(case: Case) -> tuple[int, int]:
+        return tuple(case.inputs["x"].shape)
+
+    channel = {
+        "element_path_odd_h": lambda c: shape(c)[1] % 2 == 1,
+        "element_path_even_h": lambda c: shape(c)[1] % 8 != 0 and shape(c)[1] % 2 == 0,
+        "element_path_past_a_chunk": lambda c: shape(c)[1] % 8 != 0 and shape(c)[1] > 8,
+        "vector_path_column_tail": lambda c: shape(c)[1] % 8 == 0 and shape(c)[1] % 128 != 0,
+        "vector_path_two_column_tiles": lambda c: shape(c)[1] % 8 == 0 and shape(c)[1] > 128,
+        "two_row_tiles": lambda c: shape(c)[0] > 128,
+        "fp32_element_path": lambda c: shape(c)[1] % 8 != 0 and c.inputs["x"].dtype == torch.float32,
+    }
+    seen = features_reached(sq.per_channel_cast_cases(), channel, 600)
+    assert seen == set(channel), set(channel) - seen
+    block = {
+        "column_tail": lambda c: shape(c)[1] % 128 != 0 and shape(c)[1] > 128,
+        "narrower_than_a_tile": lambda c: shape(c)[1] < 128,
+        "two_row_tiles": lambda c: shape(c)[0] > 128,
+        "row_tail_of_32": lambda c: c.params["block"][0] == 32 and shape(c)[0] % 32 != 0 and shape(c)[0] > 32,
+    }
+    seen = features_reached(sq.per_block_cast_cases(), block, 600)
+    assert seen == set(block), set(block) - seen
+
+
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(case=st.one_of(sq.per_token_cast_cases(), sq.per_block_cast_cases(), sq.per_channel_cast_cases(),
                       sq.swiglu_cases(), sq.cast_back_cases(), sq.precomputed_sf_cases()))
