@@ -3,7 +3,10 @@
 #   TKVERIFY_COMMIT=<hash> STEPS="precompile pytest report bench" bash scripts/gpu-run.sh [pytest -k expression]
 # STEPS (default: all of them but seeds/replay) picks among: precompile pytest report bench profile tune
 # mutants memcheck racecheck seeds replay.  "|" splits STEPS into groups that run side by side (one GPU,
-# 16 cores: the suite is host-bound), e.g. STEPS="precompile pytest | mutants memcheck | seeds".
+# 16 cores: the suite is host-bound), e.g. STEPS="precompile pytest | mutants memcheck | seeds"; a group
+# that starts with @N sees only GPU N (CUDA_VISIBLE_DEVICES), e.g. STEPS="@0 bench | @1 report".
+# "suite" times `pytest --pyargs tkverify.suite` once per worker count in SUITE_WORKERS (default 2),
+# over the GPUs the group sees, with the GPUs' utilisation logged beside it.
 # Env: TK_IMPL (default all) is pytest's --tk-impl; WORKERS (default 8) pytest -n; SEED passes
 # --hypothesis-seed (the ci profile then draws other examples); SEEDS="1 2 ..." runs tkverify.suite once
 # per seed (SEED_WORKERS each, --tk-impl SEED_IMPL, default torch,tilelang); MUTANT_IMPLS (default "tilelang torch"); MEMCHECK_SECONDS, MEMCHECK_TESTS,
@@ -32,6 +35,9 @@ source scripts/steps.sh
 
 run_group() {  # the steps of one group, in this order
   local STEPS=" $1 "
+  local pin; pin=$(grep -o '@[0-9,]*' <<<"$1" | head -1)
+  [ -n "$pin" ] && export CUDA_VISIBLE_DEVICES="${pin#@}"
+  local gpus; gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
   wants precompile && step precompile python3 -m kernels.precompile
   if wants pytest; then
     # GPU utilisation once a second while the suite runs, and each worker's own account of its GPU.
@@ -54,6 +60,17 @@ run_group() {  # the steps of one group, in this order
     for s in ${SEEDS:-1 2 3}; do
       step "seed-$s" python3 -m pytest --pyargs tkverify.suite -p no:cacheprovider -q -n "${SEED_WORKERS:-4}" \
         --tk-impl "${SEED_IMPL:-torch,tilelang}" --tk-profile ci --hypothesis-seed "$s" --tk-report "$R/seed-$s"
+    done
+  fi
+  if wants suite; then  # the differential suite's wall time by worker count, over the GPUs this group sees
+    for n in ${SUITE_WORKERS:-2}; do
+      local tag="n$n-gpus$gpus"
+      nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 500 \
+        >"$R/gpu-util-suite-$tag.csv" 2>/dev/null & local util=$!
+      step "suite-$tag" python3 -m pytest --pyargs tkverify.suite -p no:cacheprovider -q -n "$n" \
+        --tk-impl torch,tilelang --tk-profile ci --tk-report "$R/suite-$tag"
+      kill "$util" 2>/dev/null
+      step "shards-$tag" python3 -m tkverify.cli shards "$R/suite-$tag"
     done
   fi
   if wants mutants; then

@@ -681,6 +681,11 @@ def _cast_back_view(case: Case) -> np.ndarray:
     return ref.dequantised(case.inputs["data"], case.inputs["sf"], case.params["fmt"], tuple(case.params["block"]))
 
 
+def _cast_back_hidden(case: Case) -> int:
+    width = case.inputs["data"].shape[1]
+    return {"e4m3": width, "e2m1": 2 * width, "e5m6": 2 * width // 3}[case.params["fmt"]]
+
+
 def _bf16_tie(case: Case) -> bool:
     if case.params["out_dtype"] != "bf16":
         return False
@@ -702,6 +707,11 @@ CAST_BACK_FEATURES = {
     "per_channel": lambda c: c.params["block"][1] == 1,
     "packed_sf": lambda c: c.inputs["sf"].dtype == torch.int32,
     "t0": lambda c: c.inputs["data"].shape[0] == 0,
+    # rows that start inside an 8-element chunk (the TileLang kernel's flat path), per-token and per-channel
+    "token_rows_off_chunks": lambda c: c.params["block"][0] == 1 and _cast_back_hidden(c) % 8 != 0
+    and c.inputs["data"].shape[0] > 1,
+    "channel_rows_off_chunks": lambda c: c.params["block"][1] == 1 and _cast_back_hidden(c) % 8 != 0
+    and c.inputs["data"].shape[0] > 1,
 }
 
 
