@@ -195,7 +195,8 @@ Static configurations: token_cast (source x / swiglu, input dtype, format) 12, p
 casts from a precomputed sf (a kernel of their own since the precomputed path's inline IEEE
 divisions, 8K per lane, bloated the hot kernel's code), plus the tuning candidates
 (`TOKEN_TUNE_CONFIGS`: threads per CTA, blocks per lane, CTAs per SM),
-block_cast (input dtype, format e4m3 / e2m1) 4, cast_back (format, out dtype) 6.
+block_cast (input dtype, format e4m3 / e2m1) 4, cast_back (format, out dtype, path) 16, plus
+2 tuning candidates (`CAST_BACK_TUNE_CONFIGS`).
 Everything else (npc, block geometry, sf storage, round_sf, layout, clamp_min,
 T, H) is a runtime argument.
 """
@@ -1321,8 +1322,12 @@ class CastBackConfig(NamedTuple):
     min_blocks: int = 8  # CTAs per SM promised to ptxas (registers <= 65536 / (threads * min_blocks))
 
 
-# Shipped chunks per thread (H200, 16384 x 7168, CUDA-graph device time; see CAST_BACK_TUNE_CONFIGS).
-BACK_CHUNKS = {("e4m3", "bfloat16"): 8, ("e4m3", "float32"): 8, ("e2m1", "bfloat16"): 8,
+# Shipped chunks per thread, 128-thread CTAs.  H200, 16384 x 7168, CUDA-graph device time, copy
+# 4.2 TB/s (2026-11-29): e4m3 (1, 128) -> bf16 90.2 us (94% of copy; the one-thread-per-code kernel
+# took 496 us), -> fp32 153 us (92%); e2m1 (1, 32) -> bf16 83.5 us (88%), -> fp32 144 us (90%); e5m6
+# (1, H) -> bf16 103 us (95%), -> fp32 163 us (94%).  For e4m3 -> bf16, 2 chunks: 90.0, 8: 92.0, 256
+# threads x 4: 91.9 (the candidates below); per format, 4 or 8 chunks were within 2%.
+BACK_CHUNKS = {("e4m3", "bfloat16"): 4, ("e4m3", "float32"): 8, ("e2m1", "bfloat16"): 4,
                ("e2m1", "float32"): 8, ("e5m6", "bfloat16"): 4, ("e5m6", "float32"): 4}
 CAST_BACK_CONFIGS = tuple(CastBackConfig(fmt, out, path, chunks=BACK_CHUNKS[fmt, out])
                           for fmt in FORMATS for out in ("bfloat16", "float32") for path in BACK_PATHS
@@ -1332,7 +1337,7 @@ _SHIPPED_BACK = {(c.fmt, c.out_dtype, c.path): c for c in CAST_BACK_CONFIGS}
 # used by default; select one through CAST_BACK_OVERRIDES).
 CAST_BACK_TUNE_CONFIGS = (
     CastBackConfig("e4m3", "bfloat16", threads=256, chunks=4, min_blocks=4),
-    CastBackConfig("e4m3", "bfloat16", threads=128, chunks=4, min_blocks=8),
+    CastBackConfig("e4m3", "bfloat16", threads=128, chunks=8, min_blocks=8),
 )
 # (fmt, out dtype, path) -> the configuration to use instead of the shipped one (any of CAST_BACK.configs).
 CAST_BACK_OVERRIDES: dict[tuple[str, str, str], CastBackConfig] = {}
@@ -1390,6 +1395,16 @@ __device__ __forceinline__ float tkq_f16_to_f32(unsigned h) {
 __device__ __forceinline__ unsigned tkq_odd_fast_ok(float sf) {
   return ((__float_as_uint(sf) & 0x7fffffffu) - 0x0d800000u) < (0x7f800000u - 0x0d800000u) ? 1u : 0u;
 }
+// 1 where x != 0, else 0 (one integer min).
+__device__ __forceinline__ unsigned tkq_nonzero(unsigned x) {
+#if defined(__CUDA_ARCH__)
+  unsigned r;
+  asm("min.u32 %0, %1, 1;" : "=r"(r) : "r"(x));
+  return r;
+#else
+  return x ? 1u : 0u;
+#endif
+}
 // q * sf rounded to odd into fp32 (toward zero, then the sticky bit), for a decoded code q and an sf
 // with tkq_odd_fast_ok.  t = RZ(q * sf); r = q * sf - t by one FMA is exact: every code's last bit
 // is at least 2^-20 and sf's at least 2^-123, so q * sf is a multiple of 2^-143, as is t, and
@@ -1400,7 +1415,7 @@ __device__ __forceinline__ float tkq_odd_product_fast(float q, float sf) {
   float t = __fmul_rz(q, sf);
   unsigned rb = __float_as_uint(__fmaf_rn(q, sf, -t));
   unsigned tb = __float_as_uint(t);
-  if (fabsf(t) < __uint_as_float(0x7f800000u)) tb |= rb < 1u ? rb : 1u;  // r != 0 (an exact 0 is +0)
+  if (fabsf(t) < __uint_as_float(0x7f800000u)) tb |= tkq_nonzero(rb);  // r != 0 (an exact 0 is +0)
   return __uint_as_float(tb);
 #else
   double p = (double)q * (double)sf;
@@ -1416,7 +1431,7 @@ __device__ __forceinline__ float tkq_odd_product_fast_finite(float q, float sf) 
 #if defined(__CUDA_ARCH__)
   float t = __fmul_rz(q, sf);
   unsigned rb = __float_as_uint(__fmaf_rn(q, sf, -t));
-  return __uint_as_float(__float_as_uint(t) | (rb < 1u ? rb : 1u));
+  return __uint_as_float(__float_as_uint(t) | tkq_nonzero(rb));
 #else
   return tkq_odd_product_fast(q, sf);
 #endif
