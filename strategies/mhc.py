@@ -152,8 +152,8 @@ def sinkhorn_nonfinite_cases() -> SearchStrategy[Case]:
 #
 # Sizes: m from 2..8 (4 half the time: DeepSeek's), a from {1, 0, 2, 3}, b from the token
 # counts (0, 1, odd), H with the tails of 8-element vectors and of tiles (1, 7, 9, 127, 129,
-# ...; 2056 and 4104 are one vector past post's 256- and 512-vector CTA spans) and now and
-# then a model's 4096 or 7168.  a * b * m * H is capped at MIX_ELEMENTS (b is
+# ...) and now and then a model's 4096 or 7168 (post's CTA-span tails, H = 2056 and 4104, are
+# in tests/test_mhc_kernels_gpu.py's grid: here they crowded the planted features out).  a * b * m * H is capped at MIX_ELEMENTS (b is
 # lowered to fit) so that a case stays cheap for the CPU and its float64 oracle.
 #
 # Values: features planted in a subset of the (a, b) rows, each from its own random stream
@@ -165,7 +165,7 @@ def sinkhorn_nonfinite_cases() -> SearchStrategy[Case]:
 
 MIX_ELEMENTS = 2**18
 HIDDEN = (1, 7, 8, 9, 16, 31, 33, 127, 128, 129, 255, 1000)
-HIDDEN_LARGE = (4096, 4095, 7168, 7169, 2056, 4104)
+HIDDEN_LARGE = (4096, 4095, 7168, 7169)
 LEADING = (1, 0, 2, 3)
 POST_MULTS = (2.0, 1.0, 0.0, -1.5, 1e-3, 3.5)
 PRE_EPS = (1e-6, 0.0, 1e-2, 1.0)

@@ -450,6 +450,9 @@ NOT_ENTRY_POINTS = {
     "quant.fast_paths": "which fast paths a TileLang configuration compiles",
     "quant.magic_divisor": "host arithmetic for a kernel argument",
     "quant.token_config": "picks a TileLang static configuration (the tuned one) for a call",
+    "quant.block_config": "picks the block_cast static configuration (the shipped one, or a tuning override)",
+    "quant.block_geometry": "launch geometry arithmetic of a block_cast configuration",
+    "quant.row_chunks": "launch geometry arithmetic of the token cast's row path",
     "transpose.elements_per_word": "element-width arithmetic",
     "engram.apply_unfused": "engram_gate's body, shared by both implementations (covered by engram_gate's table)",
     "engram.gate_function": "builds the autograd Function of a (fwd, bwd) pair (covered by EngramGate's table)",
@@ -457,6 +460,7 @@ NOT_ENTRY_POINTS = {
     "engram.forward_tokens_per_block": "launch geometry arithmetic",
     "engram.backward_blocks": "launch geometry arithmetic",
     "mhc.checkpoint_interval": "the backward's checkpoint arithmetic",
+    "mhc.post_config": "picks post's static configuration (the shipped one, or a tuning override)",
     "mhc.sinkhorn_function": "builds the autograd Function of a (fwd, bwd) pair (covered by Sinkhorn's table)",
     "transpose.tile_shape": "a TileLang tile size",
 }
