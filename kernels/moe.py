@@ -118,8 +118,7 @@ Static configuration: x dtype and vectorized (H a multiple of the vector and
 
 normalize_weight
 ----------------
-One thread per token, its slots loaded 8 at a time before they are added
-(the op is latency-bound): denom = __fadd_rn over the slots from +0, then
+One thread per token: denom = __fadd_rn over the slots from +0, then
 __fadd_rn(denom, 1e-20f) (the float nearest 1e-20, as torch rounds the
 python scalar), weights = __fdiv_rn(w, denom): IEEE division, whatever nvcc's
 -prec-div setting.
@@ -1022,11 +1021,7 @@ def reduce_fused(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos:
 
 # ----------------------------------------------------------- normalize_weight
 
-# 64 threads a CTA: T = 16384 tokens make 256 CTAs, about two an SM, instead of one.
-NORMALIZE_THREADS = 64
-# Slots a thread loads before it adds any: a dynamic loop of dependent load-then-add steps would
-# leave one load in flight a thread (the kernel is latency-bound: 0.5 MB in, 0.6 MB out).
-NORMALIZE_SLOTS_IN_FLIGHT = 8
+NORMALIZE_THREADS = 128
 # 1e-20 rounded to float32 (round to nearest, as torch converts the python scalar), by its bits:
 # no decimal or hex-float literal left for a compiler to round.
 NORMALIZE_EPS_BITS = struct.unpack("<I", struct.pack("<f", NORMALIZE_EPS))[0]
@@ -1043,7 +1038,6 @@ def build_normalize(config: NormalizeConfig):
     """prim_func(topk_weights (T, K), denom (T,), weights (T, K))."""
     T = _tilelang.T()
     threads = NORMALIZE_THREADS
-    group = NORMALIZE_SLOTS_IN_FLIGHT
     num_tokens, num_slots = T.dynamic("num_tokens, num_slots")
 
     @T.prim_func
@@ -1057,26 +1051,13 @@ def build_normalize(config: NormalizeConfig):
             tx = T.get_thread_binding()
             token = T.alloc_var("int64", init=T.Cast("int64", block) * threads + tx)
             total = T.alloc_var("float32", init=T.float32(0))
-            w = T.alloc_local((group,), "float32")
             if token < num_tokens:
-                # slots in groups of `group`: every load of a group is issued before its adds
-                for c in T.serial(T.ceildiv(num_slots, group)):
-                    for j in T.unroll(group):
-                        w[j] = T.float32(0)
-                        if c * group + j < num_slots:
-                            w[j] = topk_weights[token, c * group + j]
-                    for j in T.unroll(group):
-                        if c * group + j < num_slots:
-                            total = T.ieee_add(total, w[j])
+                for k in T.serial(num_slots):
+                    total = T.ieee_add(total, topk_weights[token, k])
                 total = T.ieee_add(total, T.reinterpret(T.uint32(NORMALIZE_EPS_BITS), "float32"))
                 denom[token] = total
-                for c in T.serial(T.ceildiv(num_slots, group)):
-                    for j in T.unroll(group):
-                        if c * group + j < num_slots:
-                            w[j] = topk_weights[token, c * group + j]
-                    for j in T.unroll(group):
-                        if c * group + j < num_slots:
-                            weights[token, c * group + j] = T.ieee_fdiv(w[j], total)
+                for k in T.serial(num_slots):
+                    weights[token, k] = T.ieee_fdiv(topk_weights[token, k], total)
 
     return normalize_weight
 
