@@ -6,11 +6,7 @@ bf16), random codes salted with each format's special codes (±0, ±inf, quiet
 and signalling NaNs of both signs, the smallest subnormal, the largest
 finite), or each element's own position, which makes a misplaced element in a
 failure report say where it came from.  The shapes aim at the tile edges:
-0, 1, primes, one either side of multiples of 64, and now and then ~2048;
-and at the TileLang kernels' two paths: multiples of 16 that are not
-multiples of the tiles (64 and 128) reach the word kernel for every width,
-while any other size, whose rows start at every offset within 16 bytes,
-takes the any-shape kernel.
+0, 1, primes, one either side of multiples of 64, and now and then ~2048.
 """
 
 from __future__ import annotations
@@ -33,8 +29,6 @@ BATCHES = (1, 2, 3, 7)
 TAIL_DIMS = (1, 63, 64, 65, 127, 128, 129)
 PRIME_DIMS = (2, 3, 5, 13, 31, 67, 131, 257)
 LARGE_DIMS = (1, 1024, 1031, 2047, 2048, 2049)
-# Multiples of 16 bytes' worth of 1-byte elements, not of the tiles.
-VECTOR_DIMS = (16, 48, 80, 144, 208, 272)
 # Batches are thinned out where B * M * N would pass this many elements.
 MAX_ELEMENTS = 1 << 23
 
@@ -56,9 +50,8 @@ def special_codes(dtype: torch.dtype) -> np.ndarray:
 
 
 def dims() -> SearchStrategy[int]:
-    """One of M, N: small, a tile tail, a prime, a multiple of 16, mid-sized, or (one in 12) about 2048."""
-    common = st.one_of(st.integers(0, 8), st.sampled_from(TAIL_DIMS), st.sampled_from(PRIME_DIMS),
-                       st.sampled_from(VECTOR_DIMS), st.integers(0, 300))
+    """One of M, N: small, a tile tail, a prime, mid-sized, or (one in 12) about 2048."""
+    common = st.one_of(st.integers(0, 8), st.sampled_from(TAIL_DIMS), st.sampled_from(PRIME_DIMS), st.integers(0, 300))
     return rarely(common, st.sampled_from(LARGE_DIMS), one_in=12)
 
 

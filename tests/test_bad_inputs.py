@@ -453,7 +453,7 @@ NOT_ENTRY_POINTS = {
     "quant.block_config": "picks the block_cast static configuration (the shipped one, or a tuning override)",
     "quant.block_geometry": "launch geometry arithmetic of a block_cast configuration",
     "quant.row_chunks": "launch geometry arithmetic of the token cast's row path",
-    "transpose.elements_per_word": "element-width arithmetic",
+    "transpose.vector_tile": "a TileLang tile size",
     "engram.apply_unfused": "engram_gate's body, shared by both implementations (covered by engram_gate's table)",
     "engram.gate_function": "builds the autograd Function of a (fwd, bwd) pair (covered by EngramGate's table)",
     "engram.config_for_hidden": "picks a TileLang static configuration from H",
@@ -462,7 +462,7 @@ NOT_ENTRY_POINTS = {
     "mhc.checkpoint_interval": "the backward's checkpoint arithmetic",
     "mhc.post_config": "picks post's static configuration (the shipped one, or a tuning override)",
     "mhc.sinkhorn_function": "builds the autograd Function of a (fwd, bwd) pair (covered by Sinkhorn's table)",
-    "transpose.tile_shape": "a TileLang tile size",
+    "transpose.tile_side": "a TileLang tile size",
 }
 
 # -- which functions, in which implementations ----------------------------------------------------------

@@ -8,7 +8,7 @@ import torch
 
 from tkverify.mutants import Mutant
 
-# A tile side of the TileLang kernels (kernels/transpose.py: 64 or 128 rows, 32 to 128 columns).
+# The TileLang kernels' scalar tile (kernels/transpose.py SCALAR_TILE; the vectorised 1-byte variant uses 128).
 TILE = 64
 _RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
