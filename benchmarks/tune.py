@@ -80,11 +80,9 @@ def candidates(key):
     if key[0] == "post":
         default = mhc.post_config(*key[1:])
         return [default] + [c for c in mhc.POST_TUNE_CONFIGS if tuple(c[:2]) == key[1:] and c != default]
-    # the shipped configuration (TUNED applied), then the candidates and the untuned defaults
+    # the shipped configuration (TUNED applied), then the candidates (static configurations only)
     default = quant.token_config(*key[:3], precomputed=bool(key[3]))
-    others = [c for c in quant.TOKEN_TUNE_CONFIGS if tuple(c[:3]) == key[:3]]
-    others.append(quant.TokenConfig(*key[:3], precomputed=key[3]))
-    return [default] + [c for i, c in enumerate(others) if c != default and c not in others[:i]]
+    return [default] + [c for c in quant.TOKEN_TUNE_CONFIGS if tuple(c[:3]) == key[:3] and c != default]
 
 
 def _kernel_of(key):
