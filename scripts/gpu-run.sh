@@ -37,7 +37,6 @@ run_group() {  # the steps of one group, in this order
   local STEPS=" $1 "
   local pin; pin=$(grep -o '@[0-9,]*' <<<"$1" | head -1)
   [ -n "$pin" ] && export CUDA_VISIBLE_DEVICES="${pin#@}"
-  local gpus; gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
   wants precompile && step precompile python3 -m kernels.precompile
   if wants pytest; then
     # GPU utilisation once a second while the suite runs, and each worker's own account of its GPU.
@@ -63,6 +62,7 @@ run_group() {  # the steps of one group, in this order
     done
   fi
   if wants suite; then  # the differential suite's wall time by worker count, over the GPUs this group sees
+    local gpus; gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
     for n in ${SUITE_WORKERS:-2}; do
       local tag="n$n-gpus$gpus"
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 500 \

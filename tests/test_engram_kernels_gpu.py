@@ -15,7 +15,6 @@ one) and calls the accurate libdevice functions.
 
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
@@ -28,27 +27,14 @@ from tkverify.case import Case
 from tkverify.check import check_case
 from tkverify.specs import engram as spec_module
 
-HAS_TILELANG = importlib.util.find_spec("tilelang") is not None
 SPEC = registry.get("engram.gate")
 BF16 = torch.bfloat16
 
 
 @pytest.fixture(scope="module")
-def engram():
-    """kernels.engram on a CUDA device (skips without one)."""
-    if not torch.cuda.is_available():
-        pytest.skip("the TileLang kernels need a CUDA device, which this machine lacks")
-    if not HAS_TILELANG:
-        pytest.skip("the TileLang kernels need the module 'tilelang', which is not installed")
-    import kernels.engram
+def engram(tilelang_family):
+    return tilelang_family("engram")
 
-    return kernels.engram
-
-
-@pytest.fixture(scope="module")
-def tilelang_only():
-    if not HAS_TILELANG:
-        pytest.skip("lowering needs the module 'tilelang', which is not installed")
 
 
 def make_case(tokens: int, heads: int, hidden: int, seed: int = 0, eps: float = 1e-6, clamp: float = 1e-6) -> Case:

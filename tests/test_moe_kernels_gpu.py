@@ -17,7 +17,6 @@ kernels' exactness and speed rely on.
 
 from __future__ import annotations
 
-import importlib.util
 
 import numpy as np
 import pytest
@@ -25,25 +24,11 @@ import torch
 
 import kernels.torch.moe as eager
 
-HAS_TILELANG = importlib.util.find_spec("tilelang") is not None
-
 
 @pytest.fixture(scope="module")
-def moe():
-    """kernels.moe on a CUDA device (skips without one)."""
-    if not torch.cuda.is_available():
-        pytest.skip("the TileLang kernels need a CUDA device, which this machine lacks")
-    if not HAS_TILELANG:
-        pytest.skip("the TileLang kernels need the module 'tilelang', which is not installed")
-    import kernels.moe
+def moe(tilelang_family):
+    return tilelang_family("moe")
 
-    return kernels.moe
-
-
-@pytest.fixture(scope="module")
-def tilelang_only():
-    if not HAS_TILELANG:
-        pytest.skip("lowering needs the module 'tilelang', which is not installed")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

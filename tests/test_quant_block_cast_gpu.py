@@ -20,26 +20,16 @@ partial chunks) and H < 8.
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 import torch
 
 import kernels.torch.quant as eager
 
-HAS_TILELANG = importlib.util.find_spec("tilelang") is not None
-
 
 @pytest.fixture(scope="module")
-def quant():
-    """kernels.quant on a CUDA device (skips without one)."""
-    if not torch.cuda.is_available():
-        pytest.skip("the TileLang kernels need a CUDA device, which this machine lacks")
-    if not HAS_TILELANG:
-        pytest.skip("the TileLang kernels need the module 'tilelang', which is not installed")
-    import kernels.quant
-
-    return kernels.quant
+def quant(tilelang_family):
+    return tilelang_family("quant")
 
 
 def _generator(seed: int) -> torch.Generator:

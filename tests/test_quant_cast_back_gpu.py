@@ -15,14 +15,12 @@ Source tests (tilelang only, no GPU): the generated CUDA of each configuration s
 
 from __future__ import annotations
 
-import importlib.util
 
 import pytest
 import torch
 
 import kernels.torch.quant as eager
 
-HAS_TILELANG = importlib.util.find_spec("tilelang") is not None
 OUT_DTYPES = (torch.bfloat16, torch.float32)
 # sf values: zeros, infinities, NaN, subnormals, the edge of the fp32 fast path (2^-100), the
 # largest finite, negatives, and ordinary ones.
@@ -32,21 +30,9 @@ SF_SPECIALS = (0.0, -0.0, float("inf"), float("-inf"), float("nan"), 2.0**-149, 
 
 
 @pytest.fixture(scope="module")
-def quant():
-    """kernels.quant on a CUDA device (skips without one)."""
-    if not torch.cuda.is_available():
-        pytest.skip("the TileLang kernels need a CUDA device, which this machine lacks")
-    if not HAS_TILELANG:
-        pytest.skip("the TileLang kernels need the module 'tilelang', which is not installed")
-    import kernels.quant
+def quant(tilelang_family):
+    return tilelang_family("quant")
 
-    return kernels.quant
-
-
-@pytest.fixture(scope="module")
-def tilelang_only():
-    if not HAS_TILELANG:
-        pytest.skip("lowering needs the module 'tilelang', which is not installed")
 
 
 def _gen(seed: int) -> torch.Generator:

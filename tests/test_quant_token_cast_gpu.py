@@ -38,15 +38,8 @@ SF_OPTIONS = (
 
 
 @pytest.fixture(scope="module")
-def quant():
-    """kernels.quant on a CUDA device (skips without one)."""
-    if not torch.cuda.is_available():
-        pytest.skip("the TileLang kernels need a CUDA device, which this machine lacks")
-    if not HAS_TILELANG:
-        pytest.skip("the TileLang kernels need the module 'tilelang', which is not installed")
-    import kernels.quant
-
-    return kernels.quant
+def quant(tilelang_family):
+    return tilelang_family("quant")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
