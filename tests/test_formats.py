@@ -7,7 +7,6 @@ brute-force nearest-value search over each format's whole code table.
 from __future__ import annotations
 
 import functools
-import sys
 
 import ml_dtypes
 import numpy as np
