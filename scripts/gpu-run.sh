@@ -28,7 +28,7 @@ done
 if ! python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . >"$R/install.log" 2>&1; then
   export PYTEST_ADDOPTS="-p tkverify.plugin"
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$R/gpu.txt"
+nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv | tee "$R/gpu.txt"
 python3 -c "import torch, tilelang; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'tilelang', tilelang.__version__)" | tee -a "$R/gpu.txt"
 
 source scripts/steps.sh
@@ -42,7 +42,7 @@ run_group() {  # the steps of one group, in this order
     # GPU utilisation once a second while the suite runs, and each worker's own account of its GPU.
     nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 \
       >"$R/gpu-util.csv" 2>/dev/null & local util=$!
-    step pytest python3 -m pytest -n "${WORKERS:-8}" --tk-impl "${TK_IMPL:-all}" --tk-profile ci \
+    step pytest timeout -k 10 "${PYTEST_SECONDS:-560}" python3 -m pytest -rfE -n "${WORKERS:-8}" --tk-impl "${TK_IMPL:-all}" --tk-profile ci \
       --tk-report="$R/pytest-report" -p no:cacheprovider ${SEED:+--hypothesis-seed="$SEED"} ${select:+-k "$select"}
     kill "$util" 2>/dev/null
     step shards python3 -m tkverify.cli shards "$R/pytest-report"
@@ -67,9 +67,12 @@ run_group() {  # the steps of one group, in this order
       local tag="n$n-gpus$gpus"
       nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 500 \
         >"$R/gpu-util-suite-$tag.csv" 2>/dev/null & local util=$!
-      step "suite-$tag" python3 -m pytest --pyargs tkverify.suite -p no:cacheprovider -q -n "$n" \
-        --tk-impl torch,tilelang --tk-profile ci --tk-report "$R/suite-$tag"
-      kill "$util" 2>/dev/null
+      # Which process holds memory on which GPU: the workers' pids, to match against their shards.
+      while sleep 2; do nvidia-smi --query-compute-apps=timestamp,pid,gpu_uuid,used_memory --format=csv,noheader; done \
+        >"$R/gpu-apps-suite-$tag.csv" 2>/dev/null & local apps=$!
+      step "suite-$tag" timeout -k 10 "${SUITE_SECONDS:-560}" python3 -m pytest --pyargs tkverify.suite \
+        -p no:cacheprovider -q -rfE -n "$n" --tk-impl torch,tilelang --tk-profile ci --tk-report "$R/suite-$tag"
+      kill "$util" "$apps" 2>/dev/null
       step "shards-$tag" python3 -m tkverify.cli shards "$R/suite-$tag"
     done
   fi
