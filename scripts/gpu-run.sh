@@ -43,7 +43,8 @@ run_group() {  # the steps of one group, in this order
     nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 \
       >"$R/gpu-util.csv" 2>/dev/null & local util=$!
     step pytest timeout -k 10 "${PYTEST_SECONDS:-560}" python3 -m pytest -rfE -n "${WORKERS:-8}" --tk-impl "${TK_IMPL:-all}" --tk-profile ci \
-      --tk-report="$R/pytest-report" -p no:cacheprovider ${SEED:+--hypothesis-seed="$SEED"} ${select:+-k "$select"}
+      --tk-report="$R/pytest-report" -p no:cacheprovider ${SEED:+--hypothesis-seed="$SEED"} ${select:+-k "$select"} \
+      ${PYTEST_EXTRA:-}
     kill "$util" 2>/dev/null
     step shards python3 -m tkverify.cli shards "$R/pytest-report"
   fi

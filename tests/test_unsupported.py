@@ -134,3 +134,53 @@ def test_unsupported_is_not_an_exception_an_implementation_error_handler_catches
     except Unsupported as e:
         assert str(e) == "why"
     assert np.isfinite(1.0)
+
+
+# -- known discrepancies: a failure the implementation's `known` hook recognises --------------
+
+
+def _wrong_on_long(x):
+    return -x if x.numel() < 5 else x  # a "library" that forgets to negate from length 5 on
+
+
+def _knows_the_long_case(case, failure):
+    return "T1 (toy findings): no negation from length 5" if case.inputs["x"].numel() >= 5 \
+        and failure.outputs == frozenset({"y"}) else None
+
+
+def test_a_known_failure_is_counted_under_its_finding_and_a_new_one_still_fails(toy, tmp_path):
+    impl = Impl("toylib", _wrong_on_long, device="cpu", known=_knows_the_long_case)
+    collector = Collector()
+    verify(toy, impl, case_dir=tmp_path, record=collector.record, record_unsupported=collector.add_unsupported)
+    reasons = collector.unsupported[(OP, "toylib")]
+    assert list(reasons) == ["known discrepancy T1 (toy findings): no negation from length 5"]
+    # The row keeps the failing elements; no case file is left for an excused failure.
+    assert collector.rows[(OP, "y", "fp32", "toylib")]["verdict"] == "fail"
+    assert not list(tmp_path.iterdir())
+    # Without the hook, or where it does not recognise the failure, the same failure fails.
+    with pytest.raises(AssertionError):
+        verify(toy, Impl("toylib", _wrong_on_long, device="cpu"), case_dir=tmp_path)
+    with pytest.raises(AssertionError):
+        verify(toy, Impl("toylib", lambda x: x, device="cpu", known=_knows_the_long_case), case_dir=tmp_path)
+
+
+def test_replay_shows_a_known_failure_as_a_failure(toy, tmp_path, capsys):
+    toy.add_impl(Impl("toylib", _wrong_on_long, device="cpu", known=_knows_the_long_case))
+    path = save_case(tmp_path / "toy", Case(params={}, inputs={"x": torch.ones(6)}), op=OP, impl="toylib")
+    assert cli.main(["replay", str(path)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_report_separates_known_discrepancies_from_refusals(tmp_path):
+    c = Collector()
+    c.add_unsupported(OP, "toylib", "known discrepancy T1 (toy findings): no negation")
+    c.add_unsupported(OP, "toylib", "odd lengths")
+    c.write_shard(tmp_path / "shards" / "gw0.json", worker="gw0", gpu=None, pid=0)
+    merged = merge_unsupported_shards((tmp_path / "shards").glob("*.json"))
+    paths = write_report(tmp_path / "out", [], meta("ci", "toylib"), unsupported=merged)
+    md = paths["md"].read_text()
+    known_at, refused_at = md.index("## Known discrepancies"), md.index("## Not available")
+    assert "- toy.negate [toylib]: 1 cases (T1 (toy findings): no negation (1))" in md[known_at:refused_at]
+    assert "- toy.negate [toylib] unsupported: 1 cases (odd lengths (1))" in md[refused_at:]
+    page = paths["html"].read_text()
+    assert page.count("<ul>") == page.count("</ul>") == 2

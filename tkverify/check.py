@@ -14,7 +14,7 @@ import torch
 
 from tkverify.case import Case, save_case
 from tkverify.policies import Comparison
-from tkverify.registry import Impl, OpSpec, Unsupported
+from tkverify.registry import Failure, Impl, KnownDiscrepancy, OpSpec, Unsupported
 
 DEFAULT_CASE_DIR = Path(os.environ.get("TKVERIFY_CASE_DIR", ".tkverify/cases"))
 
@@ -82,14 +82,23 @@ def replay_command(path: Path) -> str:
     return f"tkverify replay {path}"
 
 
+def excuse_known(impl: Impl, case: Case, failure: Failure) -> None:
+    """Raise `KnownDiscrepancy` if `impl` knows this failure on this case as a committed finding."""
+    finding = impl.known(case, failure) if impl.known is not None else None
+    if finding:
+        raise KnownDiscrepancy(finding)
+
+
 def check_case(spec: OpSpec, impl: Impl, case: Case, *, case_dir: Path | None = DEFAULT_CASE_DIR,
-               record=None) -> list[Comparison]:
+               record=None, excuse: bool = True) -> list[Comparison]:
     """Judge `impl` on `case`; on failure save the case (unless case_dir is None) and raise.
 
     `record(spec, impl, comparisons, case, timings)` is called with every verdict,
     pass or fail, so that the report sees the whole distribution and not only
     failures; `timings` are the seconds spent per phase (transfer, impl, oracle,
-    judge), which the report turns into fuzzing-speed figures.
+    judge), which the report turns into fuzzing-speed figures.  With `excuse`, a failure the
+    implementation knows as a committed finding raises `KnownDiscrepancy` instead (replays
+    turn it off: they are there to show the failure).
     """
     header = f"{spec.name}[{impl.name}] on {case.describe()}"
     timings: dict[str, float] = {}
@@ -97,6 +106,8 @@ def check_case(spec: OpSpec, impl: Impl, case: Case, *, case_dir: Path | None = 
     try:
         actual = run_impl(spec, impl, case, timings)
     except Exception as e:
+        if excuse:
+            excuse_known(impl, case, Failure(spec.name, False, None, f"{type(e).__name__}: {e}"))
         path = save_case(case_file_for(spec, impl, case_dir), case, op=spec.name, impl=impl.name) \
             if case_dir is not None else None
         replay = f"\n  replay: {replay_command(path)}" if path else ""
@@ -113,6 +124,9 @@ def check_case(spec: OpSpec, impl: Impl, case: Case, *, case_dir: Path | None = 
     failed = [c for c in comparisons if not c.passed]
     if not failed:
         return comparisons
+    if excuse:
+        excuse_known(impl, case, Failure(spec.name, False, frozenset(c.output for c in failed),
+                                         "\n".join(c.message for c in failed)))
     path = None
     if case_dir is not None:
         path = save_case(case_file_for(spec, impl, case_dir), case, op=spec.name, impl=impl.name,
@@ -129,7 +143,8 @@ class UnsupportedCasesWarning(UserWarning):
 
 
 class UnsupportedTally:
-    """Counts the examples of one test that an implementation refused with `Unsupported`.
+    """Counts the examples of one test that an implementation refused with `Unsupported`
+    (a `KnownDiscrepancy` among them).
 
     Hypothesis cannot skip a single example, so a refused example counts as
     unsupported (reported with its reason) and the search goes on; at the end a

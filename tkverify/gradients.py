@@ -101,9 +101,9 @@ from torch.autograd.gradcheck import GradcheckError
 
 from tkverify import formats
 from tkverify.case import Case, save_case
-from tkverify.check import UnsupportedTally, VerificationError, replay_command, run_impl
+from tkverify.check import UnsupportedTally, VerificationError, excuse_known, replay_command, run_impl
 from tkverify.policies import Bracket
-from tkverify.registry import Backward, Impl, OpSpec
+from tkverify.registry import Backward, Failure, Impl, OpSpec
 
 ORACLE = "oracle"  # the pseudo-implementation under which the oracle's gradcheck is reported
 CHECKS = ("gradcheck", "vs_oracle", "consistency")
@@ -649,8 +649,9 @@ def case_file_for(spec: OpSpec, impl_name: str, case_dir: Path) -> Path:
 
 def check_gradients(spec: OpSpec, impl_name: str, case: Case, seed: int, *, case_dir: Path | None = None,
                     record: Callable[[GradientCheck, str], None] | None = None,
-                    precision: str = "auto") -> list[GradientCheck]:
-    """Run the checks; record every verdict; on failure save the case and raise `GradientError`."""
+                    precision: str = "auto", excuse: bool = True) -> list[GradientCheck]:
+    """Run the checks; record every verdict; on failure save the case and raise `GradientError`
+    (or, with `excuse`, `KnownDiscrepancy` where the implementation knows the failure)."""
     header = f"{spec.name}[{impl_name}] gradients on {case.describe()} (cotangent seed {seed})"
 
     def save(failures: list[str]) -> Path | None:
@@ -659,9 +660,12 @@ def check_gradients(spec: OpSpec, impl_name: str, case: Case, seed: int, *, case
         return save_case(case_file_for(spec, impl_name, case_dir), case, op=spec.name, impl=impl_name,
                          extra={"gradient": {"seed": seed, "precision": precision}, "failures": failures})
 
+    impl = spec.impls.get(impl_name) if excuse else None  # None for the oracle's own gradcheck
     try:
         results = run_checks(spec, impl_name, case, seed, precision)
     except Exception as e:
+        if impl is not None:
+            excuse_known(impl, case, Failure(spec.name, True, None, f"{type(e).__name__}: {e}"))
         path = save([f"{type(e).__name__}: {e}"])
         replay = f"\n  replay: {replay_command(path)}" if path else ""
         raise GradientError(f"{header}: raised {type(e).__name__}: {e}{replay}", case_file=path) from e
@@ -671,6 +675,9 @@ def check_gradients(spec: OpSpec, impl_name: str, case: Case, seed: int, *, case
     failed = [r for r in results if not r.passed]
     if not failed:
         return results
+    if impl is not None:
+        excuse_known(impl, case, Failure(spec.name, True, frozenset(r.input for r in failed),
+                                         "\n".join(r.message for r in failed)))
     lines = [f"{header}: {len(failed)} of {len(results)} gradient checks fail"]
     lines += [f"  [{r.check}] {r.input}: {r.message}" for r in failed]
     path = save([r.message for r in failed])
@@ -699,4 +706,4 @@ def verify(spec: OpSpec, impl_name: str, *, case_dir: Path | None = None,
 def replay(spec: OpSpec, impl_name: str, case: Case, about: dict[str, Any]) -> list[GradientCheck]:
     """Re-run the gradient checks of a saved case (raises `GradientError` on failure)."""
     return check_gradients(spec, impl_name, case, int(about["seed"]), case_dir=None,
-                           precision=about.get("precision", "auto"))
+                           precision=about.get("precision", "auto"), excuse=False)

@@ -44,6 +44,37 @@ class Unsupported(pytest.skip.Exception):
         return self.reason
 
 
+class KnownDiscrepancy(Unsupported):
+    """A failure the implementation is known to have on this case: a committed finding
+    about an implementation under test (say which, and where it is written up, in `reason`).
+
+    `check_case` raises it in place of the failure only when the implementation's
+    `known` hook recognises both the case (the finding's input domain) and the
+    failure itself (the outputs that disagree, or the error raised), so a new
+    failure on the same op still fails.  It is counted like `Unsupported`, under
+    its own heading in the report; the report's rows still show the failing
+    elements.  Whether the finding still reproduces is the replay's job
+    (`tkverify replay` of its committed case).
+    """
+
+    PREFIX = "known discrepancy"
+
+    def __init__(self, finding: str):
+        super().__init__(f"{self.PREFIX} {finding}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """What went wrong on one case, as a `known` hook sees it: the op, whether the backward
+    was being checked, the outputs that disagree (None: the implementation raised), and the
+    failure's text (the error, or the comparisons' messages)."""
+
+    op: str
+    backward: bool
+    outputs: frozenset[str] | None
+    message: str
+
+
 @dataclasses.dataclass
 class Impl:
     """One implementation of an op: a callable taking ``**inputs, **params``.
@@ -55,6 +86,9 @@ class Impl:
     implementation's own check, run after those: it returns None, or why the
     implementation cannot run here (an installed library version that lacks the
     op, say).  A case it cannot run is refused at call time with `Unsupported`.
+    ``known(case, failure)`` (optional) returns a finding's id and title when a
+    failure on a case is one the implementation is known to have (see
+    `KnownDiscrepancy`), else None: for libraries under test, never for our own.
     """
 
     name: str
@@ -62,6 +96,7 @@ class Impl:
     device: str = "cuda"
     requires: tuple[str, ...] = ()
     available: Callable[[], str | None] | None = None
+    known: Callable[[Any, Failure], str | None] | None = None
 
     def unavailable_reason(self) -> str | None:
         if self.device == "cuda" and not torch.cuda.is_available():

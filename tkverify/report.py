@@ -21,6 +21,7 @@ import torch
 
 from tkverify.case import versions
 from tkverify.policies import HIST_LABELS, Comparison
+from tkverify.registry import KnownDiscrepancy
 
 KEY = ("op", "output", "format", "impl")
 
@@ -234,17 +235,41 @@ def merge_unsupported_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
             for (op, impl), r in sorted(merged.items())]
 
 
-def unsupported_markdown(rows: list[dict[str, Any]]) -> list[str]:
+def _split_known(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(refusals, known discrepancies): the same rows, each keeping only its reasons of that kind."""
+    def part(known: bool) -> list[dict[str, Any]]:
+        out = []
+        for r in rows:
+            reasons = {k: n for k, n in r["reasons"].items() if k.startswith(KnownDiscrepancy.PREFIX) == known}
+            if reasons:
+                out.append({**r, "cases": sum(reasons.values()), "reasons": reasons})
+        return out
+    return part(False), part(True)
+
+
+_KNOWN_INTRO = ("Cases where the implementation failed in exactly the way a committed finding describes (its id "
+                "names the section of the findings file). They are not counted as passes: the rows above include "
+                "their failing elements; the finding's own case replays the failure.")
+_REFUSED_INTRO = ("Cases an implementation refused because it lacks the option, format, size or input domain they "
+                  "ask for (in the installed version). They were not judged: the rows above cover only the cases "
+                  "that ran.")
+
+
+def _reason_section(title: str, intro: str, rows: list[dict[str, Any]], label: str, strip: str = "") -> list[str]:
     if not rows:
         return []
-    out = ["", "## Not available: unsupported cases", "",
-           "Cases an implementation refused because it lacks the option, format, size or input domain "
-           "they ask for (in the installed version). They were not judged: the rows above cover only the "
-           "cases that ran.", ""]
+    out = ["", f"## {title}", "", intro, ""]
     for r in rows:
-        reasons = "; ".join(f"{reason} ({n})" for reason, n in r["reasons"].items())
-        out.append(f"- {r['op']} [{r['impl']}] unsupported: {r['cases']} cases ({reasons})")
+        reasons = "; ".join(f"{reason[len(strip):].strip()} ({n})" for reason, n in r["reasons"].items())
+        out.append(f"- {r['op']} [{r['impl']}]{label}: {r['cases']} cases ({reasons})")
     return out
+
+
+def unsupported_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    refused, known = _split_known(rows)
+    return (_reason_section("Known discrepancies: failures excused by a committed finding", _KNOWN_INTRO, known,
+                            "", KnownDiscrepancy.PREFIX)
+            + _reason_section("Not available: unsupported cases", _REFUSED_INTRO, refused, " unsupported"))
 
 
 # ---------------------------------------------------------------- gradients
@@ -545,13 +570,19 @@ def render_html(doc: dict[str, Any]) -> str:
         )
     parts.append("</table>")
     parts += gradients_html(doc.get("gradients", []))
+    in_list = False
     for line in unsupported_markdown(doc.get("unsupported", [])):
+        if line.startswith("- ") and not in_list:
+            parts.append("<ul>")
+        elif not line.startswith("- ") and line and in_list:
+            parts.append("</ul>")
+        in_list = line.startswith("- ") or (in_list and not line)
         if line.startswith("## "):
-            parts.append(f"<h2>{html.escape(line[3:])}</h2><ul>")
+            parts.append(f"<h2>{html.escape(line[3:])}</h2>")
         elif line.startswith("- "):
             parts.append(f"<li>{html.escape(line[2:])}</li>")
         elif line:
             parts.append(f"<p>{html.escape(line)}</p>")
-    if doc.get("unsupported"):
+    if in_list:
         parts.append("</ul>")
     return "\n".join(parts) + "\n"

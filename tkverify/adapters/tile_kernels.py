@@ -46,7 +46,8 @@ Conventions converted (exact), beside the layouts
   it is built from token_topk_to_pos (-1 on rows no pair maps to).
 
 The table of what maps to what, per version, is in
-``reports/tile-kernels-findings.md``.
+``reports/tile-kernels-findings.md``; the findings reproduced there are
+recognised as known discrepancies (``tile_kernels_known.py``).
 """
 
 from __future__ import annotations
@@ -639,8 +640,14 @@ def _availability(op: str) -> Callable[[], str | None]:
     return lambda: missing_reason(op, installed_version())
 
 
+def _known(case: Any, failure: registry.Failure) -> str | None:
+    from tkverify.adapters import tile_kernels_known
+
+    return tile_kernels_known.known(installed_version(), case, failure)
+
+
 def _impl(op: str, target: Callable[..., Any]) -> Impl:
-    return Impl(NAME, target, device="cuda", requires=(MODULE,), available=_availability(op))
+    return Impl(NAME, target, device="cuda", requires=(MODULE,), available=_availability(op), known=_known)
 
 
 def register_all() -> list[str]:

@@ -1,0 +1,87 @@
+"""tile-kernels' known discrepancies (tkverify/adapters/tile_kernels_known.py): each committed
+finding's own case, failing the way its replay on the H200 failed, is recognised as that
+finding, on the releases it was reproduced on only; the same case failing any other way, a
+case outside the finding's domain, or another release, is not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tkverify.adapters import tile_kernels_known as known
+from tkverify.case import load_case
+from tkverify.registry import Failure
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+EMPTY_GRID = "InternalError: Check failed: ... CUDALaunch Error: grid dimension must be positive, but got grid=(0,1,1)"
+
+# (case file, release, backward, failing outputs (None: the error below), error text, finding)
+FINDING_CASES = [
+    ("tile-kernels-2.1.0/cases/quant.per_token_cast-F1-nan-e4m3.json", "2.1.0", False, {"sf"}, "", "F1"),
+    ("tile-kernels-2.1.0/cases/quant.per_token_cast-F1-nan-e2m1.json", "2.1.0", False, {"sf"}, "", "F1"),
+    ("tile-kernels-2.1.0/cases/quant.per_token_cast_with_sf_only-F1-nan.json", "2.1.0", False, {"sf"}, "", "F1"),
+    ("tile-kernels-2.1.0/cases/quant.swiglu_forward_and_per_token_cast-P2-plain.json", "2.1.0", False, {"sf"}, "",
+     "F1"),
+    ("tile-kernels-2.1.0/cases/quant.per_token_cast-F2-inf-round_sf.json", "2.1.0", False, {"sf", "data"}, "", "F2"),
+    ("tile-kernels-2.1.0/cases/quant.per_token_cast-F2-inf-plain.json", "2.1.0", False, {"sf"}, "", "F2"),
+    ("tile-kernels-2.1.0/cases/quant.per_token_cast-F2-inf-ue8m0.json", "2.1.0", False, {"data"}, "", "F2"),
+    ("tile-kernels-2.1.0/cases/quant.per_token_cast_with_precomputed_sf-F3-subnormal-sf-e2m1.json", "2.1.0", False,
+     {"data"}, "", "F3"),
+    ("tile-kernels-2.1.0/cases/quant.per_token_cast_with_precomputed_sf-F3-subnormal-sf-e4m3.json", "1.0.0", False,
+     {"data"}, "", "F3"),
+    ("tile-kernels-2.1.0/cases/mhc.sinkhorn-F4-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F4"),
+    ("tile-kernels-2.1.0/cases/mhc.sinkhorn-F4-empty-batch-gradients.json", "2.1.0", True, None, EMPTY_GRID, "F4"),
+    ("tile-kernels-1.0.0/cases/mhc.post-G1-empty-batch.json", "1.0.0", False, None, EMPTY_GRID, "F9"),
+    ("tile-kernels-1.0.0/cases/mhc.pre_apply_mix-G1-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F9"),
+    ("tile-kernels-1.0.0/cases/mhc.pre_split_mixes-G1-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F9"),
+    ("tile-kernels-1.0.0/cases/mhc.sinkhorn-G2-repeat30-shared-memory-gradients.json", "1.0.0", True, None,
+     "InternalError: Failed to set the allowed dynamic shared memory size to 552960", "G2"),
+    ("tile-kernels-1.0.0/cases/moe.topk_gate-G3-nan-score.json", "1.0.0", False, {"indices"}, "", "G3"),
+    ("tile-kernels-1.0.0/cases/quant.per_token_cast_with_sf_only-G5-nan-and-inf.json", "1.0.0", False, {"sf"}, "",
+     "F1"),
+]
+
+
+def _failure(path, backward, outputs, error):
+    case, meta = load_case(REPORTS / path)
+    return case, Failure(meta["op"], backward, None if outputs is None else frozenset(outputs), error)
+
+
+@pytest.mark.parametrize("path, release, backward, outputs, error, finding", FINDING_CASES,
+                         ids=[Path(c[0]).stem for c in FINDING_CASES])
+def test_each_committed_finding_is_recognised_on_its_releases_only(path, release, backward, outputs, error, finding):
+    case, failure = _failure(path, backward, outputs, error)
+    explained = known.known(release, case, failure)
+    assert explained is not None and explained.startswith(f"{finding} ("), explained
+    assert known.known("2.2.0", case, failure) is None
+    if finding.startswith("G"):  # 1.0.0 only
+        assert known.known("2.1.0", case, failure) is None
+
+
+@pytest.mark.parametrize("path, release, backward, outputs, error, finding", FINDING_CASES,
+                         ids=[Path(c[0]).stem for c in FINDING_CASES])
+def test_the_same_case_failing_another_way_is_not_excused(path, release, backward, outputs, error, finding):
+    case, failure = _failure(path, backward, outputs, error)
+    if outputs is None:  # another error, or outputs that disagree instead of the crash
+        other = [Failure(failure.op, backward, None, "RuntimeError: illegal memory access"),
+                 Failure(failure.op, backward, frozenset({"out"}), "")]
+    else:  # an output the finding does not touch, or a crash
+        other = [Failure(failure.op, backward, failure.outputs | {"clamped_count", "comb"}, ""),
+                 Failure(failure.op, backward, None, EMPTY_GRID)]
+    other.append(Failure("quant.cast_back", backward, failure.outputs, error))  # another op
+    if finding == "G2":
+        other.append(Failure(failure.op, False, None, error))  # its forward
+    for f in other:
+        assert known.known(release, case, f) is None, f
+
+
+def test_a_case_outside_the_domain_is_not_excused():
+    # F1's op and failure, on a block that holds no NaN: a new failure, not F1.
+    case, failure = _failure(FINDING_CASES[0][0], False, {"sf"}, "")
+    case.inputs["x"] = case.inputs["x"].nan_to_num(0.0)
+    assert known.known("2.1.0", case, failure) is None
+    # F3's failure with normal sfs.
+    case, failure = _failure(FINDING_CASES[7][0], False, {"data"}, "")
+    case.inputs["sf"] = case.inputs["sf"].abs() + 1.0
+    assert known.known("2.1.0", case, failure) is None

@@ -1,0 +1,119 @@
+"""tile-kernels' known discrepancies: the findings of ``reports/tile-kernels-findings.md`` as predicates.
+
+A finding here is one that a committed case reproduced on the H200 for the
+releases it names.  Each says where it occurs (a predicate over the case: the
+finding's input domain) and how it shows (the outputs that disagree, or the
+text of the error raised).  `known` is the adapter's `Impl.known` hook: a
+failure of tile-kernels that matches a finding on all counts is reported as
+that finding (`KnownDiscrepancy`) instead of failing the test, so that
+``--tk-impl all`` stays a useful signal: every other failure of tile-kernels,
+on the same ops included, still fails.  Nothing here touches a bound or a
+report row; the rows keep their failing elements.
+
+Left out on purpose: findings still open (F10, G3', U1-U3), refusals (F5, F6,
+which the adapter raises as `Unsupported`), and adapter mistakes (F7, F11,
+fixed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable
+
+import numpy as np
+import torch
+
+from references import quant as quant_ref
+from tkverify.case import Case
+from tkverify.registry import Failure
+
+BOTH = ("1.0.0", "2.1.0")
+FINDINGS_FILE = "reports/tile-kernels-findings.md"
+_TOKEN_CASTS = ("quant.per_token_cast", "quant.per_token_cast_with_sf_only")
+_SWIGLU = "quant.swiglu_forward_and_per_token_cast"
+_EMPTY_GRID = r"grid dimension must be positive"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    id: str
+    title: str
+    releases: tuple[str, ...]
+    ops: tuple[str, ...]
+    domain: Callable[[str, Case], bool]  # (op, case): the case lies where the finding occurs
+    outputs: frozenset[str] | None = None  # the outputs it makes disagree (any subset of them)
+    error: str | None = None  # a regex over the error it raises (None: it raises nothing)
+    backward: bool | None = None  # only the forward (False), only the backward (True), either (None)
+
+    def explains(self, release: str | None, case: Case, failure: Failure) -> bool:
+        if release not in self.releases or failure.op not in self.ops:
+            return False
+        if self.backward is not None and failure.backward != self.backward:
+            return False
+        if failure.outputs is None:
+            if self.error is None or not re.search(self.error, failure.message):
+                return False
+        elif self.outputs is None or not failure.outputs <= self.outputs:
+            return False
+        return self.domain(failure.op, case)
+
+
+def _amax_input(op: str, case: Case) -> np.ndarray:
+    """What the cast's block amax runs over: x, or SwiGLU's y (infinite where it leaves the fp32 range)."""
+    x = case.inputs["x"]
+    if op != _SWIGLU:
+        return x.double().numpy()
+    y = quant_ref.swiglu_rows(x, case.inputs.get("topk_weights"), case.inputs.get("pos_to_token_topk"),
+                              case.params.get("clamp"))[0]
+    return quant_ref.fp32_range(y)
+
+
+def _has_nan(op: str, case: Case) -> bool:
+    return bool(np.isnan(_amax_input(op, case)).any())
+
+
+def _has_inf(op: str, case: Case) -> bool:
+    return bool(np.isinf(_amax_input(op, case)).any())
+
+
+def _subnormal_sf(op: str, case: Case) -> bool:
+    from tkverify.adapters.tile_kernels import sf_as_fp32
+
+    x, sf = case.inputs["x"], case.inputs["sf"]
+    blocks = -(-x.shape[-1] // case.params["num_per_channels"]) if x.dim() else 0
+    sf = sf_as_fp32(sf, blocks).abs()
+    return bool(((sf > 0) & (sf < torch.finfo(torch.float32).tiny)).any())
+
+
+def _empty(op: str, case: Case) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.numel() == 0 for t in case.inputs.values())
+
+
+def _sinkhorn_m8(op: str, case: Case) -> bool:
+    return case.inputs["x"].shape[-1] == 8
+
+
+FINDINGS = (
+    Finding("F1", "a NaN in a block: the sf skips it (NaN-ignoring amax)", BOTH,
+            (*_TOKEN_CASTS, _SWIGLU), _has_nan, outputs=frozenset({"sf"})),
+    Finding("F2", "a +-inf in a block: sf inf instead of NaN, and with round_sf 1/sf = -inf", BOTH,
+            (*_TOKEN_CASTS, _SWIGLU), _has_inf, outputs=frozenset({"sf", "data"})),
+    Finding("F3", "a subnormal precomputed sf: zeros become NaN (e4m3) or 6 (e2m1)", BOTH,
+            ("quant.per_token_cast_with_precomputed_sf",), _subnormal_sf, outputs=frozenset({"data"})),
+    Finding("F4", "an empty batch: zero-size grid launch", BOTH, ("mhc.sinkhorn",), _empty, error=_EMPTY_GRID),
+    Finding("F9", "an empty batch: zero-size grid launch", BOTH,
+            ("mhc.post", "mhc.pre_apply_mix", "mhc.pre_split_mixes"), _empty, error=_EMPTY_GRID),
+    Finding("G2", "backward at m = 8 asks more shared memory than a block may have", ("1.0.0",),
+            ("mhc.sinkhorn",), _sinkhorn_m8, error=r"dynamic shared memory size", backward=True),
+    Finding("G3", "a NaN score: indices outside [0, E)", ("1.0.0",), ("moe.topk_gate",),
+            lambda op, case: bool(torch.isnan(case.inputs["scores"]).any()), outputs=frozenset({"indices"})),
+)
+
+
+def known(release: str | None, case: Case, failure: Failure) -> str | None:
+    """The id and title of the finding that explains `failure` on `case`, or None."""
+    for f in FINDINGS:
+        if f.explains(release, case, failure):
+            return f"{f.id} ({FINDINGS_FILE}): {f.title}"
+    return None
