@@ -9,7 +9,7 @@
 # over the GPUs the group sees, with the GPUs' utilisation logged beside it.
 # Env: TK_IMPL (default all) is pytest's --tk-impl; WORKERS (default 8) pytest -n; SEED passes
 # --hypothesis-seed (the ci profile then draws other examples); SEEDS="1 2 ..." runs tkverify.suite once
-# per seed (SEED_WORKERS each, --tk-impl SEED_IMPL, default torch,tilelang); MUTANT_IMPLS (default "tilelang torch"); MEMCHECK_SECONDS, MEMCHECK_TESTS,
+# per seed (SEED_WORKERS each, --tk-impl SEED_IMPL, default torch,tilelang); MUTANT_IMPLS (default "tilelang torch"); MEMCHECK_SECONDS, MEMCHECK_TESTS, MEMCHECK_K,
 # RACECHECK_SECONDS, RACECHECK_TESTS, RACECHECK_K; REPLAY (case files for `tkverify replay --impl
 # tile_kernels`, REPLAY_RAW likewise with TKVERIFY_TK_RAW=1, each capped at REPLAY_SECONDS).
 # Caches: .cache/tilelang.tar.xz (ours) and .cache/tilelang-main.tar.xz (tile-kernels' JIT) are unpacked
@@ -83,12 +83,14 @@ run_group() {  # the steps of one group, in this order
       step mutants-torch-cuda python3 -m tkverify.cli mutants --impl torch --profile ci --out "$R/mutants-torch-cuda"
   fi
   # Memory safety of the TileLang kernels on their GPU tests (bounded: the sanitizer is slow).
+  # -v: a test's line shows it finished, so a run cut by its cap still says what ran clean.
   wants memcheck && step memcheck timeout "${MEMCHECK_SECONDS:-200}" compute-sanitizer --tool memcheck \
-    --error-exitcode 99 python3 -m pytest -p no:cacheprovider -q -x ${MEMCHECK_TESTS:-tests/test_moe_kernels_gpu.py \
-    tests/test_engram_kernels_gpu.py tests/test_mhc_kernels_gpu.py tests/test_regressions.py}
+    --error-exitcode 99 python3 -m pytest -p no:cacheprovider -v -x ${MEMCHECK_TESTS:-tests/test_moe_kernels_gpu.py \
+    tests/test_engram_kernels_gpu.py tests/test_mhc_kernels_gpu.py tests/test_regressions.py} \
+    ${MEMCHECK_K:+-k "$MEMCHECK_K"}
   # Shared-memory races in the kernels that stage through shared memory.
   wants racecheck && step racecheck timeout "${RACECHECK_SECONDS:-90}" compute-sanitizer --tool racecheck \
-    --error-exitcode 99 python3 -m pytest -p no:cacheprovider -q -x ${RACECHECK_TESTS:-tests/test_mhc_kernels_gpu.py \
+    --error-exitcode 99 python3 -m pytest -p no:cacheprovider -v -x ${RACECHECK_TESTS:-tests/test_mhc_kernels_gpu.py \
     tests/test_engram_kernels_gpu.py} -k "${RACECHECK_K:-sinkhorn_within_bounds or autograd or reproducible}"
   if wants replay; then  # committed tile-kernels findings, in one process each (JIT compiles shared)
     [ -n "${REPLAY:-}" ] && step replay timeout -k 10 "${REPLAY_SECONDS:-240}" python3 -m tkverify.cli replay \

@@ -83,6 +83,15 @@ def main() -> None:
     write("quant.swiglu_forward_and_per_token_cast-P2-plain", "quant.swiglu_forward_and_per_token_cast",
           cast_params("e4m3", 128), {"x": x},
           "Probe: the newly mapped swiglu (no weights, no clamp), with a NaN in row 1's l half.")
+    # F12 (session 4's full run shrank it to m = 5 on an empty batch): pre_split_mixes sizes m.
+    for m in (3, 5, 6, 8):
+        width = m * (m + 2)
+        write(f"mhc.pre_split_mixes-F12-m{m}", "mhc.pre_split_mixes", {"m": m, "post_mult": 2.0, "pre_eps": 1e-6},
+              {"mixes": torch.randn(1, 2, width, generator=GEN), "scale": torch.rand(3, generator=GEN) + 0.5,
+               "base": torch.randn(width, generator=GEN)},
+              f"F12: m = {m}, two tokens. Expected from 2.1.0: " + (
+                  "compiles and passes (a power of two)." if m == 8 else
+                  "a TileLang compile error, as its run at m = 5 raised (no available layout found)."))
 
 
 if __name__ == "__main__":

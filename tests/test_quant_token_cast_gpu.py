@@ -8,7 +8,9 @@ whole CTA), and rows too long for it (the generic path).  Each output (data,
 sf, clamped counts) must equal, bit for bit, what the same kernel gives with
 every block forced onto the generic path, whose numerics are the same device
 functions; for the exactly rounded casts (e4m3 / e5m6 of x) also the eager
-implementation's on the same device.
+implementation's data given the kernel's sf, and with round_sf its sf (a plain
+sf of the eager implementation on CUDA may be an ULP off: it multiplies by
+fl(1 / max_q), which the spec allows; the kernel divides).
 
 Host tests (no GPU): which path `_token_geometry` picks, and that a row path
 team holds its row.
@@ -86,9 +88,14 @@ def test_whole_row_casts_equal_the_generic_path(quant, monkeypatch, fmt, dtype, 
             f"precomputed {options}")
         if fmt != "e2m1":  # the exactly rounded quotients: the eager cast's bits too (and x / sf by division)
             assert_same_bits(precomputed, want_data, f"precomputed = computed {options}")
-            eager_data, eager_sf = eager.per_token_cast(x, fmt, hidden, **options)
-            assert_same_bits(data, eager_data, f"eager data {options}")
-            assert_same_bits(sf, eager_sf, f"eager sf {options}")
+            assert_same_bits(data, eager.per_token_cast_with_precomputed_sf(x, want_sf, fmt, hidden),
+                             f"eager data given the kernel's sf {options}")
+            if options.get("round_sf"):  # an exact power of two: the eager sf is the same too
+                eager_data, eager_sf = eager.per_token_cast(x, fmt, hidden, **options)
+                assert_same_bits(data, eager_data, f"eager data {options}")
+                assert_same_bits(sf, eager_sf, f"eager sf {options}")
+            # A plain sf may differ by an ULP: the eager a / max_q on CUDA is a multiplication by
+            # fl(1 / max_q) (kernels/torch/quant.py, "Numerics"); the kernel divides (H200 run 8).
 
 
 def test_special_values_anywhere_in_a_row(quant, monkeypatch):

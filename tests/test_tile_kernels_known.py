@@ -35,6 +35,8 @@ FINDING_CASES = [
     ("tile-kernels-1.0.0/cases/mhc.post-G1-empty-batch.json", "1.0.0", False, None, EMPTY_GRID, "F9"),
     ("tile-kernels-1.0.0/cases/mhc.pre_apply_mix-G1-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F9"),
     ("tile-kernels-1.0.0/cases/mhc.pre_split_mixes-G1-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F9"),
+    ("tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m5-shrunk.json", "2.1.0", False, None,
+     "InternalError: Check failed: (has_best) is false: no available layout found", "F12"),
     ("tile-kernels-1.0.0/cases/mhc.sinkhorn-G2-repeat30-shared-memory-gradients.json", "1.0.0", True, None,
      "InternalError: Failed to set the allowed dynamic shared memory size to 552960", "G2"),
     ("tile-kernels-1.0.0/cases/moe.topk_gate-G3-nan-score.json", "1.0.0", False, {"indices"}, "", "G3"),
@@ -85,3 +87,6 @@ def test_a_case_outside_the_domain_is_not_excused():
     case, failure = _failure(FINDING_CASES[7][0], False, {"data"}, "")
     case.inputs["sf"] = case.inputs["sf"].abs() + 1.0
     assert known.known("2.1.0", case, failure) is None
+    # F12's compile error at m = 8 (a power of two) would be new.
+    case, _ = load_case(REPORTS / "tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m8.json")
+    assert known.known("2.1.0", case, Failure("mhc.pre_split_mixes", False, None, "no available layout found")) is None
