@@ -58,7 +58,7 @@ run_group() {  # the steps of one group, in this order
   wants tune && step tune python3 -m benchmarks.tune "$R/tune.json"
   if wants seeds; then  # the derandomised ci profile under other seeds: no false alarms
     for s in ${SEEDS:-1 2 3}; do
-      step "seed-$s" python3 -m pytest --pyargs tkverify.suite -p no:cacheprovider -q -n "${SEED_WORKERS:-4}" \
+      step "seed-$s" timeout -k 10 "${SEED_SECONDS:-600}" python3 -m pytest --pyargs tkverify.suite -p no:cacheprovider -q -n "${SEED_WORKERS:-4}" \
         --tk-impl "${SEED_IMPL:-torch,tilelang}" --tk-profile ci --hypothesis-seed "$s" --tk-report "$R/seed-$s"
     done
   fi
