@@ -16,7 +16,7 @@ from tkverify.case import Case, save_case
 from tkverify.check import UnsupportedCasesWarning, check_case
 from tkverify.policies import bitwise
 from tkverify.registry import Impl, OpSpec, Unsupported
-from tkverify.report import Collector, merge_unsupported_shards, meta, write_report
+from tkverify.report import Collector, _known_note, merge_unsupported_shards, meta, write_report
 from tkverify.suite import verify
 
 OP = "toy.negate"
@@ -184,3 +184,13 @@ def test_report_separates_known_discrepancies_from_refusals(tmp_path):
     assert "- toy.negate [toylib] unsupported: 1 cases (odd lengths (1))" in md[refused_at:]
     page = paths["html"].read_text()
     assert page.count("<ul>") == page.count("</ul>") == 2
+
+
+def test_the_verdict_line_points_failing_rows_to_their_known_discrepancies():
+    rows = [{"op": OP, "impl": "toylib", "verdict": "fail"}]
+    known = [{"op": OP, "impl": "toylib", "cases": 1, "reasons": {"known discrepancy T1 (toy): x": 1}}]
+    refused = [{"op": "toy.other", "impl": "toylib", "cases": 1, "reasons": {"odd lengths": 1}}]
+    assert "1 failing rows all belong to (op, implementation) pairs with known discrepancies" in \
+        _known_note(rows, known + refused)
+    assert _known_note(rows + [{"op": "toy.other", "impl": "toylib", "verdict": "fail"}], known + refused) == ""
+    assert _known_note([], known) == ""
