@@ -1,13 +1,14 @@
 """Plugin logic that does not need a GPU: worker pinning, implementation choice, profiles."""
 
 import dataclasses
+import os
 
 import pytest
 import torch
 from hypothesis import settings
 
 from tkverify import profiles, registry
-from tkverify.plugin import selected_impls, worker_gpu
+from tkverify.plugin import selected_impls, worker_gpu, worker_threads
 
 
 @pytest.mark.parametrize("count", [2, 4, 8])
@@ -22,6 +23,18 @@ def test_no_pinning_without_several_gpus_or_outside_xdist():
     assert worker_gpu("gw3", 1) is None
     assert worker_gpu("gw3", 0) is None
     assert worker_gpu(None, 8) is None
+
+
+def test_workers_share_the_cores():
+    assert [worker_threads(16, n) for n in (1, 2, 3, 8, 16, 32)] == [16, 8, 5, 2, 1, 1]
+
+
+def test_this_worker_took_its_share_of_the_cores(tk_state):
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if count is None:  # not under xdist: torch keeps its own default
+        assert tk_state["threads"] is None
+    else:
+        assert tk_state["threads"] == torch.get_num_threads() <= worker_threads(len(os.sched_getaffinity(0)), int(count))
 
 
 def test_impl_selection():
