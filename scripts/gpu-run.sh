@@ -46,7 +46,7 @@ run_group() {  # the steps of one group, in this order
       --tk-report="$R/pytest-report" -p no:cacheprovider ${SEED:+--hypothesis-seed="$SEED"} ${select:+-k "$select"} \
       ${PYTEST_EXTRA:-}
     kill "$util" 2>/dev/null
-    step shards python3 -m tkverify.cli shards "$R/pytest-report"
+    step shards python3 -m tkverify.cli shards --merge "$R/pytest-report"
   fi
   wants report && step report python3 -m tkverify.cli report --impl tilelang --profile ci --out "$R/report-tilelang" \
     -n 8 ${select:+-k "$select"}
@@ -74,7 +74,7 @@ run_group() {  # the steps of one group, in this order
       step "suite-$tag" timeout -k 10 "${SUITE_SECONDS:-560}" python3 -m pytest --pyargs tkverify.suite \
         -p no:cacheprovider -q -rfE -n "$n" --tk-impl torch,tilelang --tk-profile ci --tk-report "$R/suite-$tag"
       kill "$util" "$apps" 2>/dev/null
-      step "shards-$tag" python3 -m tkverify.cli shards "$R/suite-$tag"
+      step "shards-$tag" python3 -m tkverify.cli shards --merge "$R/suite-$tag"
     done
   fi
   if wants mutants; then

@@ -1,7 +1,11 @@
 """Report rows, shard merging and the written files."""
 
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -104,3 +108,30 @@ def test_op_specific_figures_are_rendered_with_their_meaning(tmp_path):
     text = paths["md"].read_text()
     assert "## Op-specific figures" in text and "largest |row or column sum - 1|" in text
     assert "| mhc.sinkhorn | out | fp32 | tilelang | 0.25 | 0.125 |" in text
+
+
+def test_a_run_cut_short_leaves_shards_that_merge_into_a_partial_report(tmp_path):
+    """Workers rewrite their shard as they go; a run killed before its end (a time cap) still
+    leaves what it judged, and `tkverify shards --merge` makes the report of it."""
+    (tmp_path / "test_killed.py").write_text(
+        "import os, signal\n\ndef test_killed():\n    os.kill(os.getpid(), signal.SIGKILL)\n")
+    report = tmp_path / "report"
+    env = {**os.environ, "TKVERIFY_SHARD_EVERY_S": "0"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs", "tkverify.suite",
+                          str(tmp_path / "test_killed.py"), "-k", "moe.group_count-torch or killed",
+                          "--tk-impl", "torch", "--tk-profile", "ci", "--tk-report", str(report)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == -signal.SIGKILL, run.stdout + run.stderr
+    shard = json.loads((report / "shards" / "main.json").read_text())
+    assert shard["complete"] is False and [r["op"] for r in shard["rows"]] == ["moe.group_count"]
+    assert not (report / "report.json").exists()
+
+    shards = [sys.executable, "-m", "tkverify.cli", "shards", str(report)]
+    refused = subprocess.run(shards, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "did not finish" in refused.stderr
+    merged = subprocess.run([*shards, "--merge"], capture_output=True, text=True, timeout=300)
+    assert merged.returncode == 0, merged.stdout + merged.stderr
+    assert "report.json rows equal the union of 1 shards" in merged.stdout
+    md = (report / "report.md").read_text()
+    assert "- **partial**: merged from the shards of a run that did not finish: main (written while running)" in md
+    assert "| moe.group_count | counts | int32 | torch |" in md

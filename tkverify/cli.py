@@ -188,9 +188,19 @@ def _replay_gradients(spec, impl_name: str, case, meta: dict) -> int:
 
 
 def cmd_shards(args: argparse.Namespace) -> int:
-    """What each pytest-xdist worker of a report did, and whether the merge lost nothing."""
-    from tkverify.report import shard_summary
+    """What each pytest-xdist worker of a report did, and whether the merge lost nothing.
 
+    A run cut short leaves shards (rewritten as it goes) but no report.json; --merge then writes
+    the report of what it judged, marked partial."""
+    from tkverify.report import merge_partial_run, shard_summary
+
+    if not (args.report_dir / "report.json").exists():
+        if not args.merge:
+            print(f"tkverify shards: {args.report_dir} has no report.json: the run did not finish "
+                  "(--merge writes a partial report from its shards)", file=sys.stderr)
+            return 1
+        paths = merge_partial_run(args.report_dir)
+        print(f"partial report from the shards of a run that did not finish: {paths['md']}")
     workers, union_equal = shard_summary(args.report_dir)
     for w in workers:
         touched = w["peak_bytes_per_gpu"]
@@ -266,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sh = sub.add_parser("shards", help="per-worker summary of a report's shards, and a check of their merge")
     sh.add_argument("report_dir", type=Path, help="the folder given to --tk-report")
+    sh.add_argument("--merge", action="store_true",
+                    help="if the run did not finish (no report.json), write its report from the shards, marked partial")
     sh.set_defaults(func=cmd_shards)
 
     b = with_load(sub.add_parser("bench", help="time every op's benchmark shapes against the copy roofline"))

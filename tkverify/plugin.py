@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tkverify import profiles, registry
-from tkverify.report import (Collector, merge_gradient_shards, merge_shards, merge_speed_shards,
-                             merge_unsupported_shards, meta, write_report)
+from tkverify.report import Collector, meta, report_from_shards
 
 IMPL_CHOICES = ("auto", "all", *registry.BUILTIN_IMPLS)
 
@@ -182,23 +182,39 @@ def tk_state(request: pytest.FixtureRequest) -> dict:
     return request.config.stash[_STATE]
 
 
+# A worker rewrites its shard at most this often while it runs, so that a run cut short (a time cap,
+# a killed job) still leaves what it judged: `tkverify shards DIR --merge` makes a report of it.
+SHARD_EVERY_S = float(os.environ.get("TKVERIFY_SHARD_EVERY_S", 15))
+
+
+def _write_shard(config: pytest.Config, complete: bool) -> None:
+    state = config.stash[_STATE]
+    worker = worker_id(config) or "main"
+    collector = state["collector"]
+    if collector.rows or collector.gradients or collector.speed or collector.unsupported or worker == "main":
+        collector.write_shard(state["report"] / "shards" / f"{worker}.json", worker=worker, gpu=state["gpu"],
+                              pid=os.getpid(), complete=complete, profile=state["profile"],
+                              impl=config.getoption("--tk-impl"))
+    state["shard_written"] = time.monotonic()
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    state = item.config.stash.get(_STATE, None)
+    if state is None or state["report"] is None:
+        return
+    if time.monotonic() - state.get("shard_written", 0.0) >= SHARD_EVERY_S:
+        _write_shard(item.config, complete=False)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     state = config.stash.get(_STATE, None)
     if state is None or state["report"] is None:
         return
-    worker = worker_id(config) or "main"
-    shards = state["report"] / "shards"
-    collector = state["collector"]
-    if collector.rows or collector.gradients or collector.speed or collector.unsupported or worker == "main":
-        collector.write_shard(shards / f"{worker}.json", worker=worker, gpu=state["gpu"], pid=os.getpid())
+    _write_shard(config, complete=True)
     if worker_id(config) is None:  # the controller, with or without xdist
-        rows = merge_shards(shards.glob("*.json"))
-        paths = write_report(state["report"], rows, meta(state["profile"], config.getoption("--tk-impl")),
-                             gradients=merge_gradient_shards(shards.glob("*.json")),
-                             speed=merge_speed_shards(shards.glob("*.json")),
-                             unsupported=merge_unsupported_shards(shards.glob("*.json")))
-        config.stash[_STATE]["written"] = paths
+        config.stash[_STATE]["written"] = report_from_shards(
+            state["report"], meta(state["profile"], config.getoption("--tk-impl")))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:

@@ -127,10 +127,13 @@ class Collector:
             about["peak_bytes_per_gpu"] = [torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count())]
         unsupported = [{"op": op, "impl": impl, "reasons": reasons}
                        for (op, impl), reasons in self.unsupported.items()]
-        path.write_text(json.dumps({**about, "rows": list(self.rows.values()),
-                                    "gradients": list(self.gradients.values()),
-                                    "speed": list(self.speed.values()),
-                                    "unsupported": unsupported}, default=str))
+        # Written while the run goes on too: replace the file whole, so a reader never sees half of one.
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps({**about, "rows": list(self.rows.values()),
+                                   "gradients": list(self.gradients.values()),
+                                   "speed": list(self.speed.values()),
+                                   "unsupported": unsupported}, default=str))
+        os.replace(tmp, path)
 
 
 def fold_shards(paths: Iterable[Path], section: str, key_fields: tuple[str, ...],
@@ -167,6 +170,25 @@ def shard_summary(report_dir: Path) -> tuple[list[dict[str, Any]], bool]:
     report = json.loads((report_dir / "report.json").read_text())
     union = json.loads(json.dumps(merge_shards(shards), default=str))  # as report.json serialises it
     return workers, union == report["results"]
+
+
+def merge_partial_run(report_dir: Path) -> dict[str, Path]:
+    """The report of a run that did not finish, from the shards its workers left (profile and
+    implementation choice as they recorded them), with `partial` saying which shards were final."""
+    docs = {p.stem: json.loads(p.read_text()) for p in sorted((report_dir / "shards").glob("*.json"))}
+    first = next(iter(docs.values()), {})
+    meta_ = meta(first.get("profile", "?"), first.get("impl", "?"))
+    meta_["partial"] = ("merged from the shards of a run that did not finish: "
+                        + ", ".join(f"{w} ({'final' if d.get('complete') else 'written while running'})"
+                                    for w, d in docs.items()))
+    return report_from_shards(report_dir, meta_)
+
+
+def report_from_shards(report_dir: Path, meta_: dict[str, Any]) -> dict[str, Path]:
+    """Merge the shards under report_dir/shards into report.{json,md,html} there."""
+    shards = sorted((report_dir / "shards").glob("*.json"))
+    return write_report(report_dir, merge_shards(shards), meta_, gradients=merge_gradient_shards(shards),
+                        speed=merge_speed_shards(shards), unsupported=merge_unsupported_shards(shards))
 
 
 # ---------------------------------------------------------------- fuzzing speed
@@ -478,6 +500,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"- verdict: **{'FAIL' if failed or grads_failed else 'pass'}** ({len(rows) - len(failed)} of {len(rows)} "
         f"rows pass" + (f"; {len(grads) - len(grads_failed)} of {len(grads)} gradient rows pass" if grads else "")
         + _known_note(failed, doc.get("unsupported", [])) + ")",
+        *([f"- **partial**: {m['partial']}"] if m.get("partial") else []),
         "",
         "## Max ULP error per format (op:output by implementation)",
         "",
@@ -560,6 +583,7 @@ def render_html(doc: dict[str, Any]) -> str:
         f"<p>{esc(m['date'])} &middot; commit <code>{esc(m['commit'])}</code> &middot; profile {esc(m['profile'])}"
         f" &middot; {esc(str(m.get('device')))} &middot; driver {esc(str(m.get('driver', '-')))}</p>",
         "<p>" + esc(", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items()))) + "</p>",
+        *([f"<p><b>partial</b>: {esc(m['partial'])}</p>"] if m.get("partial") else []),
     ]
     for fmt, table in formats_table(rows).items():
         parts.append(f"<h2>{esc(fmt)}: max ULP</h2><table>")
