@@ -236,6 +236,16 @@ def reduce_fused_magnitudes(
     return magnitude, terms, largest_factor
 
 
+def reduce_fused_terms(
+    x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor, x_sf: torch.Tensor | None = None
+) -> np.ndarray:
+    """The exact terms w_k * x[pos(t, k)] (or w_k * q * sf) of reduce_fused, stacked (K, T, H); a slot
+    whose position is not a row is 0."""
+    shape = (token_topk_to_pos.shape[1], token_topk_to_pos.shape[0], x.shape[1])
+    terms = [term for _, term, _ in _weighted_rows(x, topk_weights, token_topk_to_pos, x_sf)]
+    return np.stack(terms) if terms else np.zeros(shape)
+
+
 def normalize_weight(topk_weights: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(denom, w / denom) with denom = 1e-20 + sum_k w[t, k], exactly: float64 (T,) and (T, K)."""
     w = as_float64(topk_weights)

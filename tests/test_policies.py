@@ -164,6 +164,49 @@ def test_summation_bound_holds_for_every_order_where_terms_cancel():
     assert y.item() == 0.0 and c.passed and c.max_ulp == 2.0**23 and c.extra["max_bound_used"] <= 1
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's fp32 overflow, which is the point
+def test_partial_sums_that_overflow_explain_an_infinity_or_a_nan_and_nothing_else():
+    """The error bound assumes no partial sum overflows; `ErrorBound.reach` says when one may.
+    Every order of an fp32 sum of terms near the overflow threshold (infinities among them) must
+    pass, and what no order can give must still fail."""
+    import itertools
+
+    from tkverify.policies import ErrorBound, signed_reach, summation, summation_error
+
+    big = 3.3895313892515355e38  # bf16's largest, as the CPU fuzz of mhc.post drew it
+    rng = np.random.default_rng(11)
+    pool = np.array([big, -big, big / 2, -big / 3, 1.4e37, -1.4e37, 1.0, np.inf, -np.inf])
+    for _ in range(300):
+        terms = rng.choice(pool, size=int(rng.integers(2, 5)))
+        n = len(terms)
+        exact = np.array([math.fsum(terms) if np.isfinite(terms).all() else np.sum(terms)])
+        magnitude = np.abs(terms[np.isfinite(terms)]).sum()
+        bound = ErrorBound(exact, np.array([summation_error(magnitude, n, roundings_per_term=0)]), "fp32",
+                           signed_reach(terms[:, None], n, roundings_per_term=0))
+        for order in itertools.permutations(range(n)):
+            y = torch.tensor([_fp32_sum(terms, np.array(order))])
+            assert summation().compare("out", y, bound).passed, (terms, order, y)
+
+    def verdicts(terms, ys):
+        terms = np.asarray(terms)
+        bound = ErrorBound(np.array([np.sum(terms)]), np.array([0.0]), "fp32",
+                           signed_reach(terms[:, None], len(terms), roundings_per_term=0))
+        return [summation().compare("out", torch.tensor([y], dtype=torch.float32), bound).passed for y in ys]
+
+    nan, inf = float("nan"), float("inf")
+    # The fuzz case: -1.4e37 + -big reaches -inf before +inf is added: NaN, or +inf; never -inf.
+    assert verdicts([-1.4e37, -big, inf], [inf, nan, -inf]) == [True, True, False]
+    # Nothing on the negative side can overflow: only +inf.
+    assert verdicts([-1.4e37, -1.0, inf], [inf, nan, -inf]) == [True, False, False]
+    # Finite, exact 0: either side may overflow first; a finite result far off still fails.
+    assert verdicts([big, big, -big, -big], [inf, -inf, nan, 0.0, 1e36]) == [True, True, True, True, False]
+    # Finite, only the positive side can overflow: +inf, never -inf or NaN.
+    assert verdicts([big, big, -big], [inf, -inf, nan]) == [True, False, False]
+    # Without `reach` the policy keeps its old rule (an exact infinity must be that infinity).
+    no_reach = ErrorBound(np.array([inf]), np.array([0.0]), "fp32")
+    assert not summation().compare("out", torch.tensor([nan]), no_reach).passed
+
+
 def test_summation_fails_past_the_bound_and_says_where():
     from tkverify.policies import ErrorBound, summation
 

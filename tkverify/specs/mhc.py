@@ -207,6 +207,7 @@ from tkverify.policies import (
     Comparison,
     ErrorBound,
     Within,
+    signed_reach,
     summation,
     summation_error,
 )
@@ -420,7 +421,9 @@ def _sum_bound(exact: np.ndarray, terms: list[np.ndarray]) -> ErrorBound:
     with np.errstate(invalid="ignore"):
         magnitude = np.sum([np.abs(t) for t in terms], axis=0) if terms else np.zeros(exact.shape)
     n = len(terms)
-    return ErrorBound(exact, summation_error(magnitude, n, roundings_per_term=1, absolute=n * FP32_UNDERFLOW), "bf16")
+    reach = signed_reach(terms, n, roundings_per_term=1) if terms else None
+    return ErrorBound(exact, summation_error(magnitude, n, roundings_per_term=1, absolute=n * FP32_UNDERFLOW), "bf16",
+                      reach)
 
 
 def given_apply(case: Case, actual: dict[str, Any]) -> dict[str, ErrorBound]:

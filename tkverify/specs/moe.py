@@ -92,6 +92,7 @@ from tkverify.policies import (
     ErrorBound,
     Policy,
     bitwise,
+    signed_reach,
     summation,
     summation_error,
 )
@@ -292,7 +293,9 @@ def reduce_fused_bound(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_t
     products = 1 if x_sf is None else 2
     per_product = FP32_UNDERFLOW if products == 1 else FP32_UNDERFLOW * (1 + 2 * largest_factor)
     error = summation_error(magnitude, terms, roundings_per_term=products, absolute=terms * per_product)
-    return ErrorBound(exact, error, "fp32" if x.dtype == torch.float32 else "bf16")
+    reach = signed_reach(references.moe.reduce_fused_terms(x, topk_weights, token_topk_to_pos, x_sf), terms,
+                         roundings_per_term=products)
+    return ErrorBound(exact, error, "fp32" if x.dtype == torch.float32 else "bf16", reach)
 
 
 def _given_reduce(case, actual: dict[str, Any]) -> dict[str, ErrorBound]:
