@@ -238,12 +238,21 @@ def reduce_fused_magnitudes(
 
 def reduce_fused_terms(
     x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor, x_sf: torch.Tensor | None = None
-) -> np.ndarray:
-    """The exact terms w_k * x[pos(t, k)] (or w_k * q * sf) of reduce_fused, stacked (K, T, H); a slot
-    whose position is not a row is 0."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """(terms, partial), each stacked (K, T, H): the exact terms w_k * x[pos(t, k)] (or w_k * q * sf),
+    and the largest magnitude of a product of some of each term's factors (|w q|, |q sf|, |w sf|,
+    |w q sf|; the term's own magnitude for two factors).  A slot whose position is not a row is 0."""
     shape = (token_topk_to_pos.shape[1], token_topk_to_pos.shape[0], x.shape[1])
-    terms = [term for _, term, _ in _weighted_rows(x, topk_weights, token_topk_to_pos, x_sf)]
-    return np.stack(terms) if terms else np.zeros(shape)
+    terms, partial = [], []
+    with np.errstate(invalid="ignore", over="ignore"):
+        for valid, term, factors in _weighted_rows(x, topk_weights, token_topk_to_pos, x_sf):
+            sizes = [np.abs(f) for f in factors]
+            pairs = [sizes[i] * sizes[j] for i in range(len(sizes)) for j in range(i + 1, len(sizes))]
+            terms.append(term)
+            partial.append(np.where(valid[:, None], np.maximum.reduce([np.abs(term), *pairs]), 0.0))
+    if not terms:
+        return np.zeros(shape), np.zeros(shape)
+    return np.stack(terms), np.stack(partial)
 
 
 def normalize_weight(topk_weights: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -202,6 +202,18 @@ def test_partial_sums_that_overflow_explain_an_infinity_or_a_nan_and_nothing_els
     assert verdicts([big, big, -big, -big], [inf, -inf, nan, 0.0, 1e36]) == [True, True, True, True, False]
     # Finite, only the positive side can overflow: +inf, never -inf or NaN.
     assert verdicts([big, big, -big], [inf, -inf, nan]) == [True, False, False]
+    # A term of three factors whose partial product overflows (w (q sf), q sf = 448 * 1e36): inf for a
+    # tiny positive w, NaN for w = 0 (0 * inf); without its partial product, neither.  (The zero term
+    # counts on both sides, so -inf passes there too: sound, not tight, in this corner.)
+    for w, allowed in ((1e-30, [True, False, False]), (0.0, [True, True, True])):
+        term, partial = np.array([[w * 448 * 1e36]]), np.array([[448 * 1e36]])
+        bound = ErrorBound(term[0], np.array([0.0]), "fp32", signed_reach(term, 1, roundings_per_term=2,
+                                                                             partial=partial))
+        got = [summation().compare("out", torch.tensor([y], dtype=torch.float32), bound).passed
+               for y in (inf, nan, -inf)]
+        assert got == allowed, (w, got)
+        plain = ErrorBound(term[0], np.array([0.0]), "fp32", signed_reach(term, 1, roundings_per_term=2))
+        assert not summation().compare("out", torch.tensor([nan]), plain).passed
     # Without `reach` the policy keeps its old rule (an exact infinity must be that infinity).
     no_reach = ErrorBound(np.array([inf]), np.array([0.0]), "fp32")
     assert not summation().compare("out", torch.tensor([nan]), no_reach).passed

@@ -438,19 +438,26 @@ class ErrorBound:
     reach: tuple[Any, Any] | None = None
 
 
-def signed_reach(terms: Any, n: Any, *, roundings_per_term: int = 1,
+def signed_reach(terms: Any, n: Any, *, roundings_per_term: int = 1, partial: Any = None,
                  unit_roundoff: float = FP32_UNIT_ROUNDOFF) -> tuple[np.ndarray, np.ndarray]:
     """(P, N): the largest magnitude a partial sum of only positive (only negative) computed terms
     can have, (1 + gamma_{n-1+r}) times the sum of their exact magnitudes; inf where a term of that
     sign is infinite.  `terms` stacks the exact terms on axis 0; NaN terms count on neither side.
 
     A partial sum of mixed signs is smaller in magnitude than the larger side, so no partial sum, in
-    any order or tree, overflows to +inf (-inf) unless P (N) reaches the overflow threshold."""
+    any order or tree, overflows to +inf (-inf) unless P (N) reaches the overflow threshold.
+
+    `partial` (same shape as `terms`): for a term formed from more than two factors, the largest
+    magnitude of any product of some of them (w q, q sf, w sf, w q sf): a term whose partial
+    product overflows is infinite in fp32 whatever its exact value.  A zero term counts on both
+    sides then (0 times an overflowed product is NaN), which also admits either infinity there:
+    sound, not tight, in that corner."""
     t = np.asarray(terms, dtype=np.float64)
+    size = np.abs(t) if partial is None else np.maximum(np.abs(t), np.asarray(partial, dtype=np.float64))
     grow = 1 + gamma(np.maximum(np.asarray(n, dtype=np.float64) - 1, 0) + roundings_per_term, unit_roundoff)
     with np.errstate(invalid="ignore", over="ignore"):
-        positive = np.where(t > 0, t, 0.0).sum(axis=0) * grow
-        negative = np.where(t < 0, -t, 0.0).sum(axis=0) * grow
+        positive = np.where(t >= 0, size, 0.0).sum(axis=0) * grow
+        negative = np.where(t <= 0, size, 0.0).sum(axis=0) * grow
     return positive, negative
 
 

@@ -293,8 +293,8 @@ def reduce_fused_bound(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_t
     products = 1 if x_sf is None else 2
     per_product = FP32_UNDERFLOW if products == 1 else FP32_UNDERFLOW * (1 + 2 * largest_factor)
     error = summation_error(magnitude, terms, roundings_per_term=products, absolute=terms * per_product)
-    reach = signed_reach(references.moe.reduce_fused_terms(x, topk_weights, token_topk_to_pos, x_sf), terms,
-                         roundings_per_term=products)
+    exact_terms, partial = references.moe.reduce_fused_terms(x, topk_weights, token_topk_to_pos, x_sf)
+    reach = signed_reach(exact_terms, terms, roundings_per_term=products, partial=partial)
     return ErrorBound(exact, error, "fp32" if x.dtype == torch.float32 else "bf16", reach)
 
 
