@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -216,43 +218,60 @@ def reduce_fused(
     return exact_sum([term for _, term, _ in _weighted_rows(x, topk_weights, token_topk_to_pos, x_sf)], shape)
 
 
-def reduce_fused_magnitudes(
-    x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor, x_sf: torch.Tensor | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """What bounds the error of a working-precision reduce_fused, per output element (T, H):
+@dataclasses.dataclass(frozen=True)
+class ReduceTerms:
+    """reduce_fused's exact terms p_k = w * x[pos] (or w * q * sf), and what bounds a working-precision
+    sum of them.  Per slot, stacked (K, T, H), 0 where the slot's position is not a row:
 
-    (sum_k |p_k|, the number of terms summed, the largest |factor| of any term)
-    over the valid slots; p_k = w * x[pos] (or w * q * sf).  The spec turns
-    them into an error bound (`tkverify.policies.summation_error`).
+    terms           the exact terms;
+    partial         the largest magnitude of a product of some of each term's factors (|w q|, |q sf|,
+                    |w sf|, |w q sf|; the term's own for two factors);
+    and per output element (T, H):
+    count           the number of terms summed;
+    largest_factor  the largest |factor| of any of them.
     """
-    shape = (token_topk_to_pos.shape[0], x.shape[1])
-    magnitude, terms, largest_factor = np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    with np.errstate(invalid="ignore"):
-        for valid, term, factors in _weighted_rows(x, topk_weights, token_topk_to_pos, x_sf):
-            magnitude += np.abs(term)
-            terms += valid[:, None]
-            biggest = np.max([np.abs(f) for f in factors], axis=0)
-            largest_factor = np.maximum(largest_factor, np.where(valid[:, None], biggest, 0.0))
-    return magnitude, terms, largest_factor
+
+    terms: np.ndarray
+    partial: np.ndarray
+    count: np.ndarray
+    largest_factor: np.ndarray
+
+    @property
+    def magnitude(self) -> np.ndarray:
+        """sum_k |p_k|, slot by slot."""
+        total = np.zeros(self.count.shape)
+        for term in self.terms:
+            total += np.abs(term)
+        return total
 
 
 def reduce_fused_terms(
     x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor, x_sf: torch.Tensor | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(terms, partial), each stacked (K, T, H): the exact terms w_k * x[pos(t, k)] (or w_k * q * sf),
-    and the largest magnitude of a product of some of each term's factors (|w q|, |q sf|, |w sf|,
-    |w q sf|; the term's own magnitude for two factors).  A slot whose position is not a row is 0."""
-    shape = (token_topk_to_pos.shape[1], token_topk_to_pos.shape[0], x.shape[1])
+) -> ReduceTerms:
+    """`ReduceTerms` of reduce_fused on these inputs; the spec turns them into an error bound
+    (`tkverify.policies.summation_error`) and the reach of its partial sums (`signed_reach`)."""
+    shape = (token_topk_to_pos.shape[0], x.shape[1])
     terms, partial = [], []
+    count, largest_factor = np.zeros(shape), np.zeros(shape)
     with np.errstate(invalid="ignore", over="ignore"):
         for valid, term, factors in _weighted_rows(x, topk_weights, token_topk_to_pos, x_sf):
             sizes = [np.abs(f) for f in factors]
             pairs = [sizes[i] * sizes[j] for i in range(len(sizes)) for j in range(i + 1, len(sizes))]
             terms.append(term)
             partial.append(np.where(valid[:, None], np.maximum.reduce([np.abs(term), *pairs]), 0.0))
-    if not terms:
-        return np.zeros(shape), np.zeros(shape)
-    return np.stack(terms), np.stack(partial)
+            count += valid[:, None]
+            largest_factor = np.maximum(largest_factor, np.where(valid[:, None], np.max(sizes, axis=0), 0.0))
+    stacked = (np.stack(terms), np.stack(partial)) if terms else (np.zeros((0, *shape)),) * 2
+    return ReduceTerms(*stacked, count, largest_factor)
+
+
+def reduce_fused_magnitudes(
+    x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor, x_sf: torch.Tensor | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sum_k |p_k|, the number of terms summed, the largest |factor| of any term) per output
+    element (T, H): what bounds the error of a working-precision reduce_fused."""
+    t = reduce_fused_terms(x, topk_weights, token_topk_to_pos, x_sf)
+    return t.magnitude, t.count, t.largest_factor
 
 
 def normalize_weight(topk_weights: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -487,7 +487,7 @@ def swiglu_forward_and_per_token_cast(
 
 def fp32_range(y: np.ndarray) -> np.ndarray:
     """y with values that round past the fp32 range replaced by +-inf."""
-    overflow = np.abs(y) >= formats.FP32.max_finite + formats.FP32.ulp(formats.FP32.max_finite) / 2
+    overflow = np.abs(y) >= formats.FP32.overflow_threshold
     return np.where(overflow, np.copysign(np.inf, y), y)
 
 

@@ -40,8 +40,7 @@ run_group() {  # the steps of one group, in this order
   wants precompile && step precompile python3 -m kernels.precompile
   if wants pytest; then
     # GPU utilisation once a second while the suite runs, and each worker's own account of its GPU.
-    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 1000 \
-      >"$R/gpu-util.csv" 2>/dev/null & local util=$!
+    watch_gpus "$R/gpu-util.csv" 1000; local util=$!
     step pytest timeout -k 10 "${PYTEST_SECONDS:-560}" python3 -m pytest -rfE -n "${WORKERS:-8}" --tk-impl "${TK_IMPL:-all}" --tk-profile ci \
       --tk-report="$R/pytest-report" -p no:cacheprovider ${SEED:+--hypothesis-seed="$SEED"} ${select:+-k "$select"} \
       ${PYTEST_EXTRA:-}
@@ -66,8 +65,7 @@ run_group() {  # the steps of one group, in this order
     local gpus; gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
     for n in ${SUITE_WORKERS:-2}; do
       local tag="n$n-gpus$gpus"
-      nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 500 \
-        >"$R/gpu-util-suite-$tag.csv" 2>/dev/null & local util=$!
+      watch_gpus "$R/gpu-util-suite-$tag.csv" 500; local util=$!
       # Which process holds memory on which GPU: the workers' pids, to match against their shards.
       while sleep 2; do nvidia-smi --query-compute-apps=timestamp,pid,gpu_uuid,used_memory --format=csv,noheader; done \
         >"$R/gpu-apps-suite-$tag.csv" 2>/dev/null & local apps=$!

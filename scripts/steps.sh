@@ -5,4 +5,7 @@ step() { local name=$1; shift; echo "=== $name: $*"; local t0=$(date +%s.%N)
   awk -v n="$name" -v rc="$rc" -v t0="$t0" -v t1="$(date +%s.%N)" \
     'BEGIN { printf "=== %s: rc=%s, %.1f s\n", n, rc, t1 - t0 }' | tee -a "$R/steps.txt"
   tail -n 25 "$R/$name.log"; }
+# `watch_gpus FILE MS`: the GPUs' utilisation and memory in use every MS ms into FILE, in the background ($!).
+watch_gpus() { nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader \
+  -lms "$2" >"$1" 2>/dev/null & }
 wants() { [[ " $STEPS " == *" $1 "* ]]; }

@@ -296,6 +296,12 @@ class Format:
 
     # -- measures ------------------------------------------------------------
 
+    @property
+    def overflow_threshold(self) -> float:
+        """max_finite + half its ULP: where rounding to nearest leaves the finite range (at the
+        threshold itself the tie goes to the even code, past max_finite for IEEE formats)."""
+        return float(self.max_finite + self.ulp(self.max_finite) / 2)
+
     def ulp(self, x: Any) -> np.ndarray:
         """glibc's ULP of float64 ``x`` in this format: 2^(max(e(x), emin) - p + 1).
 
@@ -326,7 +332,7 @@ class Format:
             clamp = (ax > self.max_finite) & (np.isfinite(ax) | (not self.has_inf))
             x = np.where(clamp, np.copysign(self.max_finite, x), x)
         else:
-            threshold = self.max_finite + self.ulp(self.max_finite) / 2
+            threshold = self.overflow_threshold
             # At the threshold itself the tie goes to the even code: past
             # max_finite iff max_finite's code is odd (it is for IEEE formats).
             overflow = (ax > threshold) | ((ax == threshold) & (self._max_mag % 2 == 1))

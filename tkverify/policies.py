@@ -397,6 +397,11 @@ def gamma(n: Any, unit_roundoff: float = FP32_UNIT_ROUNDOFF) -> np.ndarray:
     return nu / (1 - nu)
 
 
+def _additions(terms: Any) -> np.ndarray:
+    """The additions of a sum of `terms` terms (n - 1, at least 0), per element."""
+    return np.maximum(np.asarray(terms, dtype=np.float64) - 1, 0)
+
+
 def summation_error(magnitude: Any, terms: Any, *, roundings_per_term: int = 1, term_error: Any = 0.0,
                     absolute: Any = 0.0, unit_roundoff: float = FP32_UNIT_ROUNDOFF) -> np.ndarray:
     """Absolute error bound of a sum accumulated in a working format, before its final rounding.
@@ -414,7 +419,7 @@ def summation_error(magnitude: Any, terms: Any, *, roundings_per_term: int = 1, 
                         a product rounded in the subnormal range (`FP32_UNDERFLOW`
                         per product), a constant rounded to the format.
     """
-    n = np.maximum(np.asarray(terms, dtype=np.float64) - 1, 0)
+    n = _additions(terms)
     relative = (1 + np.asarray(term_error, dtype=np.float64)) * (1 + gamma(n + roundings_per_term, unit_roundoff)) - 1
     return relative * np.asarray(magnitude, dtype=np.float64) + (1 + gamma(n, unit_roundoff)) * np.asarray(absolute)
 
@@ -454,7 +459,7 @@ def signed_reach(terms: Any, n: Any, *, roundings_per_term: int = 1, partial: An
     sound, not tight, in that corner."""
     t = np.asarray(terms, dtype=np.float64)
     size = np.abs(t) if partial is None else np.maximum(np.abs(t), np.asarray(partial, dtype=np.float64))
-    grow = 1 + gamma(np.maximum(np.asarray(n, dtype=np.float64) - 1, 0) + roundings_per_term, unit_roundoff)
+    grow = 1 + gamma(_additions(n) + roundings_per_term, unit_roundoff)
     with np.errstate(invalid="ignore", over="ignore"):
         positive = np.where(t >= 0, size, 0.0).sum(axis=0) * grow
         negative = np.where(t <= 0, size, 0.0).sum(axis=0) * grow
@@ -535,7 +540,7 @@ class Summation(Policy):
         threshold (max finite + half its ULP: a tie there rounds to the infinity, max being odd)."""
         if not fmt.has_inf:
             return np.zeros(exact.shape, bool)
-        threshold = fmt.max_finite + 0.5 * float(fmt.ulp(np.float64(fmt.max_finite)))
+        threshold = fmt.overflow_threshold
         with np.errstate(invalid="ignore", over="ignore"):
             return np.abs(exact) + error >= threshold
 
@@ -546,8 +551,7 @@ class Summation(Policy):
         Example (tests/regressions/mhc.post-partial-sum-overflow-nan.json, from a CPU fuzz): terms
         -1.4e37, -3.39e38 and +inf: exact +inf, but an fp32 sum that adds the two finite terms first
         reaches -inf, and -inf + inf is NaN."""
-        acc = formats.get(self.accumulator)
-        threshold = acc.max_finite + 0.5 * float(acc.ulp(np.float64(acc.max_finite)))
+        threshold = formats.get(self.accumulator).overflow_threshold
         pos, neg = (np.broadcast_to(np.asarray(v, dtype=np.float64), y.shape) for v in (positive, negative))
         reach_pos, reach_neg = pos >= threshold, neg >= threshold
         return (((y == np.inf) & reach_pos & ~np.isinf(neg)) | ((y == -np.inf) & reach_neg & ~np.isinf(pos))

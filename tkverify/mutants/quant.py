@@ -64,7 +64,7 @@ def reround(codes: np.ndarray, q: np.ndarray, fmt: str, mode: str) -> np.ndarray
             if not f.has_nan:
                 raise ValueError(f"{fmt} has no NaN to overflow to")
             nan_mag = int(f.encode(np.array([np.nan]))[0]) & (sign - 1)
-            beyond = aq > f.max_finite + float(f.ulp(np.array([f.max_finite]))[0]) / 2
+            beyond = aq > f.overflow_threshold
             c = np.where(finite & beyond, (c & sign) | nan_mag, c)
         else:
             raise ValueError(f"unknown rounding mode {mode!r}")

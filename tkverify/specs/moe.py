@@ -289,12 +289,11 @@ def reduce_fused_bound(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_t
                        x_sf: torch.Tensor | None = None) -> ErrorBound:
     """The exact reduce_fused and the error an fp32 accumulation may add (module docstring)."""
     exact = references.moe.reduce_fused(x, topk_weights, token_topk_to_pos, x_sf)
-    magnitude, terms, largest_factor = references.moe.reduce_fused_magnitudes(x, topk_weights, token_topk_to_pos, x_sf)
+    t = references.moe.reduce_fused_terms(x, topk_weights, token_topk_to_pos, x_sf)
     products = 1 if x_sf is None else 2
-    per_product = FP32_UNDERFLOW if products == 1 else FP32_UNDERFLOW * (1 + 2 * largest_factor)
-    error = summation_error(magnitude, terms, roundings_per_term=products, absolute=terms * per_product)
-    exact_terms, partial = references.moe.reduce_fused_terms(x, topk_weights, token_topk_to_pos, x_sf)
-    reach = signed_reach(exact_terms, terms, roundings_per_term=products, partial=partial)
+    per_product = FP32_UNDERFLOW if products == 1 else FP32_UNDERFLOW * (1 + 2 * t.largest_factor)
+    error = summation_error(t.magnitude, t.count, roundings_per_term=products, absolute=t.count * per_product)
+    reach = signed_reach(t.terms, t.count, roundings_per_term=products, partial=t.partial)
     return ErrorBound(exact, error, "fp32" if x.dtype == torch.float32 else "bf16", reach)
 
 
