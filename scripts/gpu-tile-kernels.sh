@@ -3,7 +3,8 @@
 #   bash scripts/gpu-tile-kernels.sh main          # tilelang 0.1.15 + tile-kernels 2.1.0
 #   bash scripts/gpu-tile-kernels.sh upstream-v1   # tilelang 0.1.11 + tile-kernels 1.0.0
 # Env: BUDGET (default 285: seconds for the whole script, setup and tile-kernels' JIT compiles
-# included), TKVERIFY_FUZZ_EXAMPLES (default 60), STEPS (default "findings report fuzz found",
+# included), TKVERIFY_FUZZ_EXAMPLES (default 60), FINDINGS_SECONDS, REPORT_SECONDS, FUZZ_SECONDS (the
+# steps' caps, default 120, 160, 170), STEPS (default "findings report fuzz found",
 # plus "raw" for upstream-v1; "bench" is extra), FINDINGS (the case files to replay, default
 # every committed one).  The first four run side by side, the last after them; each is
 # capped so that the whole stays within BUDGET:
@@ -23,6 +24,8 @@ bundle="${1:-main}"
 case "$bundle" in main | upstream-v1) ;; *) echo "usage: $0 main|upstream-v1" >&2; exit 2 ;; esac
 source .gpu/setup.sh "$bundle" || exit 1  # (a bare source would pass this script's arguments on)
 export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR="$PWD/.cache/tilelang-$bundle"
+# tile-kernels' JIT kernels of an earlier call, when carried (.cache/tilelang-$bundle.tar.xz); they go back too.
+[ -f ".cache/tilelang-$bundle.tar.xz" ] && [ ! -d "$TILELANG_CACHE_DIR" ] && tar -C .cache -xJf ".cache/tilelang-$bundle.tar.xz"
 export TKVERIFY_FUZZ_EXAMPLES="${TKVERIFY_FUZZ_EXAMPLES:-60}"
 R="${OUT:-/tmp/out}/results"; mkdir -p "$R"
 BUDGET="${BUDGET:-285}"
@@ -62,7 +65,7 @@ EOF
 # findings, raw, report and fuzz run side by side (one GPU, 16 cores: 1 + 1 + 7 + 7 processes), each
 # under its own cap, so that one ~300 s call holds all of them; then the cases this run saved.
 if wants findings; then  # the committed findings, confirmed or refuted: one process, shared JIT compiles
-  { step findings timeout -k 10 "$(cap 120 60)" python3 -m tkverify.cli replay \
+  { step findings timeout -k 10 "$(cap "${FINDINGS_SECONDS:-120}" 60)" python3 -m tkverify.cli replay \
       ${FINDINGS:-reports/tile-kernels-*/cases/*.json} --impl tile_kernels
     step findings-raw env TKVERIFY_TK_RAW=1 timeout -k 5 "$(cap 30 50)" python3 -m tkverify.cli replay \
       reports/tile-kernels-*/cases/raw/*.json --impl tile_kernels; } &
@@ -72,10 +75,10 @@ wants raw && step raw env TKVERIFY_TK_RAW=1 timeout -k 10 "$(cap 60 60)" "${SUIT
   -k fused_mapping --tk-cases "$R/cases-raw" &
 # The derandomised ci profile, through the CLI: the reproducible report to commit.  SIGINT at the
 # cap, so that pytest still merges the workers' shards into a report.
-wants report && step report timeout -s INT -k 20 "$(cap 160 60)" python3 -m tkverify.cli report \
+wants report && step report timeout -s INT -k 20 "$(cap "${REPORT_SECONDS:-160}" 60)" python3 -m tkverify.cli report \
   --impl tile_kernels --profile ci -n 7 --out "$R/report-ci" -- -rs "--tk-cases=$R/cases-ci" &
 # The hunt: every op and backward, the fuzz profile, failing cases saved per (op, impl).
-wants fuzz && step fuzz timeout -s INT -k 20 "$(cap 170 60)" "${SUITE[@]}" -n 7 --tk-profile fuzz \
+wants fuzz && step fuzz timeout -s INT -k 20 "$(cap "${FUZZ_SECONDS:-170}" 60)" "${SUITE[@]}" -n 7 --tk-profile fuzz \
   --tk-report "$R/report-fuzz" --tk-cases "$R/cases" &
 FAMILIES="moe quant mhc engram transpose"
 if wants bench; then  # compile what the bench will time (one repetition, no graph), families side by side
@@ -99,4 +102,5 @@ if wants bench; then  # timed alone on the GPU, on a warm cache; `tkverify bench
   done
 fi
 echo "=== total: $(( $(date +%s) - T0 )) s of a $BUDGET s budget" | tee -a "$R/steps.txt"
+[ -d "$TILELANG_CACHE_DIR" ] && tar -C .cache -cJf "$R/tilelang-$bundle-cache.tar.xz" "tilelang-$bundle"
 tar -C "$(dirname "$R")" -czf "${OUT:-/tmp/out}/results.tar.gz" results && rm -rf "$R"
