@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What a GPU run of tkverify does on the H200 (through the device tool):
 #   TKVERIFY_COMMIT=<hash> STEPS="precompile pytest report bench" bash scripts/gpu-run.sh [pytest -k expression]
-# STEPS (default: all of them but seeds/replay) picks among: precompile pytest report bench profile tune
-# mutants memcheck racecheck seeds replay.  "|" splits STEPS into groups that run side by side (one GPU,
+# STEPS (default: all of them but seeds/replay/fuzz) picks among: precompile pytest report bench profile tune
+# mutants memcheck racecheck seeds replay fuzz fuzz-tk suite.  "|" splits STEPS into groups that run side by side (one GPU,
 # 16 cores: the suite is host-bound), e.g. STEPS="precompile pytest | mutants memcheck | seeds"; a group
 # that starts with @N sees only GPU N (CUDA_VISIBLE_DEVICES), e.g. STEPS="@0 bench | @1 report".
 # "suite" times `pytest --pyargs tkverify.suite` once per worker count in SUITE_WORKERS (default 2),
@@ -11,7 +11,8 @@
 # --hypothesis-seed (the ci profile then draws other examples); SEEDS="1 2 ..." runs tkverify.suite once
 # per seed (SEED_WORKERS each, --tk-impl SEED_IMPL, default torch,tilelang); MUTANT_IMPLS (default "tilelang torch"); MEMCHECK_SECONDS, MEMCHECK_TESTS, MEMCHECK_K,
 # RACECHECK_SECONDS, RACECHECK_TESTS, RACECHECK_K; REPLAY (case files for `tkverify replay --impl
-# tile_kernels`, REPLAY_RAW likewise with TKVERIFY_TK_RAW=1, each capped at REPLAY_SECONDS).
+# tile_kernels`, REPLAY_RAW likewise with TKVERIFY_TK_RAW=1, REPLAY_EACH one process a case, each capped at
+# REPLAY_SECONDS); fuzz: FUZZ_IMPL, FUZZ_EXAMPLES, FUZZ_SECONDS, FUZZ_WORKERS; fuzz-tk: FUZZ_TK_EXAMPLES, FUZZ_TK_SECONDS.
 # Caches: .cache/tilelang.tar.xz (ours) and .cache/tilelang-main.tar.xz (tile-kernels' JIT) are unpacked
 # when carried; both come back under results/ (the tool brings back few files: one tarball).
 set -uo pipefail
@@ -32,6 +33,13 @@ nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv 
 python3 -c "import torch, tilelang; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'tilelang', tilelang.__version__)" | tee -a "$R/gpu.txt"
 
 source scripts/steps.sh
+
+fuzz_run() {  # NAME IMPL EXAMPLES SECONDS
+  step "$1" env TKVERIFY_FUZZ_EXAMPLES="$3" timeout -s KILL "$4" python3 -m pytest --pyargs tkverify.suite \
+    -p no:cacheprovider -q -rfE -n "${FUZZ_WORKERS:-8}" --tk-impl "$2" --tk-profile fuzz --tk-report "$R/$1" \
+    --tk-cases "$R/cases-$1"
+  step "shards-$1" python3 -m tkverify.cli shards --merge "$R/$1"
+}
 
 run_group() {  # the steps of one group, in this order
   local STEPS=" $1 "
@@ -61,6 +69,11 @@ run_group() {  # the steps of one group, in this order
         --tk-impl "${SEED_IMPL:-torch,tilelang}" --tk-profile ci --hypothesis-seed "$s" --tk-report "$R/seed-$s"
     done
   fi
+  # The fuzz profile (TKVERIFY_FUZZ_EXAMPLES a test): ours (the long no-false-alarm hunt), and
+  # tile-kernels on its own (its JIT compiles per shape would slow ours). KILL at the cap (the whole
+  # process group), then the report from the workers' shards, marked partial.
+  wants fuzz && fuzz_run fuzz "${FUZZ_IMPL:-torch,tilelang}" "${FUZZ_EXAMPLES:-1000}" "${FUZZ_SECONDS:-400}"
+  wants fuzz-tk && fuzz_run fuzz-tk tile_kernels "${FUZZ_TK_EXAMPLES:-200}" "${FUZZ_TK_SECONDS:-300}"
   if wants suite; then  # the differential suite's wall time by worker count, over the GPUs this group sees
     local gpus; gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
     for n in ${SUITE_WORKERS:-2}; do
@@ -93,6 +106,10 @@ run_group() {  # the steps of one group, in this order
   if wants replay; then  # committed tile-kernels findings, in one process each (JIT compiles shared)
     [ -n "${REPLAY:-}" ] && step replay timeout -k 10 "${REPLAY_SECONDS:-240}" python3 -m tkverify.cli replay \
       $REPLAY --impl tile_kernels
+    for f in ${REPLAY_EACH:-}; do  # one process a case: nothing earlier in the process can cause its verdict
+      step "replay-$(basename "$f" .json)" timeout -k 10 "${REPLAY_SECONDS:-240}" python3 -m tkverify.cli replay \
+        "$f" --impl tile_kernels
+    done
     [ -n "${REPLAY_RAW:-}" ] && step replay-raw env TKVERIFY_TK_RAW=1 timeout -k 10 "${REPLAY_SECONDS:-240}" \
       python3 -m tkverify.cli replay $REPLAY_RAW --impl tile_kernels
   fi

@@ -48,19 +48,6 @@ cat "$R/env.txt"
 
 source scripts/steps.sh
 SUITE=(python3 -m pytest --pyargs tkverify.suite -p no:cacheprovider -q -rs --tk-impl tile_kernels)
-# A report from whatever shards the workers wrote, should the run have been cut short.
-merge() { python3 - "$1" "$2" <<'EOF'
-import sys
-from pathlib import Path
-from tkverify.report import merge_gradient_shards, merge_shards, merge_unsupported_shards, meta, write_report
-out, profile = Path(sys.argv[1]), sys.argv[2]
-if not (out / "report.md").is_file() and (out / "shards").is_dir():
-    shards = list((out / "shards").glob("*.json"))
-    write_report(out, merge_shards(shards), {**meta(profile, "tile_kernels"), "partial": True},
-                 gradients=merge_gradient_shards(shards), unsupported=merge_unsupported_shards(shards))
-    print(f"merged {len(shards)} shards of a run cut short into {out}/report.md")
-EOF
-}
 
 # findings, raw, report and fuzz run side by side (one GPU, 16 cores: 1 + 1 + 7 + 7 processes), each
 # under its own cap, so that one ~300 s call holds all of them; then the cases this run saved.
@@ -73,12 +60,13 @@ fi
 # fused_mapping with the adapter's two conventions off, to record tile-kernels' raw layout (1.0 only).
 wants raw && step raw env TKVERIFY_TK_RAW=1 timeout -k 10 "$(cap 60 60)" "${SUITE[@]}" --tk-profile ci \
   -k fused_mapping --tk-cases "$R/cases-raw" &
-# The derandomised ci profile, through the CLI: the reproducible report to commit.  SIGINT at the
-# cap, so that pytest still merges the workers' shards into a report.
-wants report && step report timeout -s INT -k 20 "$(cap "${REPORT_SECONDS:-160}" 60)" python3 -m tkverify.cli report \
+# The derandomised ci profile, through the CLI: the reproducible report to commit.  KILL at the cap
+# (timeout signals the whole process group), then the report from the shards, marked partial: on an
+# interrupt pytest wrote a report of its own that did not say the run was cut (session 3's fuzz run).
+wants report && step report timeout -s KILL "$(cap "${REPORT_SECONDS:-160}" 60)" python3 -m tkverify.cli report \
   --impl tile_kernels --profile ci -n 7 --out "$R/report-ci" -- -rs "--tk-cases=$R/cases-ci" &
 # The hunt: every op and backward, the fuzz profile, failing cases saved per (op, impl).
-wants fuzz && step fuzz timeout -s INT -k 20 "$(cap "${FUZZ_SECONDS:-170}" 60)" "${SUITE[@]}" -n 7 --tk-profile fuzz \
+wants fuzz && step fuzz timeout -s KILL "$(cap "${FUZZ_SECONDS:-170}" 60)" "${SUITE[@]}" -n 7 --tk-profile fuzz \
   --tk-report "$R/report-fuzz" --tk-cases "$R/cases" &
 FAMILIES="moe quant mhc engram transpose"
 if wants bench; then  # compile what the bench will time (one repetition, no graph), families side by side
@@ -88,8 +76,10 @@ if wants bench; then  # compile what the bench will time (one repetition, no gra
   done
 fi
 wait
-wants report && merge "$R/report-ci" ci
-wants fuzz && merge "$R/report-fuzz" fuzz
+# A run cut by its cap: its report from the shards its workers wrote (every <= 15 s), marked partial.
+for d in report-ci report-fuzz; do
+  [ -d "$R/$d/shards" ] && [ ! -f "$R/$d/report.json" ] && python3 -m tkverify.cli shards --merge "$R/$d"
+done
 # Every case this run saved, replayed once more in one process (verdict and worst element, for the findings).
 if wants found; then
   found=("$R"/cases*/*.json)

@@ -92,6 +92,17 @@ def main() -> None:
               f"F12: m = {m}, two tokens. Expected from 2.1.0: " + (
                   "compiles and passes (a power of two)." if m == 8 else
                   "a TileLang compile error, as its run at m = 5 raised (no available layout found)."))
+    # F12 again (run 10): m = 5 with ONE token failed the same way in the full suite. One token at each m,
+    # and three at m = 5, each replayed in a process of its own (a compile failure earlier in the same
+    # process must not be what fails it).
+    for m, tokens in ((3, 1), (4, 1), (5, 1), (5, 3), (6, 1), (8, 1)):
+        width = m * (m + 2)
+        write(f"mhc.pre_split_mixes-F12-m{m}-t{tokens}", "mhc.pre_split_mixes",
+              {"m": m, "post_mult": 2.0, "pre_eps": 1e-6},
+              {"mixes": torch.randn(1, tokens, width, generator=GEN), "scale": torch.rand(3, generator=GEN) + 0.5,
+               "base": torch.randn(width, generator=GEN)},
+              f"F12: m = {m}, {tokens} token(s). Run 10 saw m = 5 with one token fail to compile "
+              "(no available layout found); two tokens passed in run 9.")
 
 
 if __name__ == "__main__":

@@ -583,7 +583,7 @@ def render_html(doc: dict[str, Any]) -> str:
         f"<p>{esc(m['date'])} &middot; commit <code>{esc(m['commit'])}</code> &middot; profile {esc(m['profile'])}"
         f" &middot; {esc(str(m.get('device')))} &middot; driver {esc(str(m.get('driver', '-')))}</p>",
         "<p>" + esc(", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items()))) + "</p>",
-        *([f"<p><b>partial</b>: {esc(m['partial'])}</p>"] if m.get("partial") else []),
+        *([f"<p><b>partial</b>: {esc(str(m['partial']))}</p>"] if m.get("partial") else []),
     ]
     for fmt, table in formats_table(rows).items():
         parts.append(f"<h2>{esc(fmt)}: max ULP</h2><table>")
