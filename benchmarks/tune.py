@@ -2,6 +2,7 @@
 
     python -m benchmarks.tune OUT.json            # on a CUDA machine
     python -m benchmarks.tune --precompile         # here: compile every config it will time (sm_90)
+    python -m benchmarks.tune OUT.json -k engram   # only the groups whose name contains "engram"
 
 Each group is one call on one shape (DeepSeek-V3's: bf16 16384 x 7168 per-token
 e4m3/128, e2m1/32 and e5m6 whole rows; SwiGLU 16384 x 2 x 2048 e4m3/128; mHC post 16384 x 4 x 7168;
@@ -143,7 +144,12 @@ def _bytes_of(outputs):
     return [o.contiguous().view(torch.uint8).clone() for o in outs if isinstance(o, torch.Tensor)]
 
 
-def tune(out_path: str) -> dict:
+def _selected(select: str | None):
+    """The groups whose name contains `select` (every group without one)."""
+    return [g for g in _groups() if not select or select in g[0]]
+
+
+def tune(out_path: str, select: str | None = None) -> dict:
     import torch
 
     from tkverify import bench
@@ -151,7 +157,7 @@ def tune(out_path: str) -> dict:
     copy = bench.copy_bandwidth()
     doc = {"meta": bench.meta(), "copy_bandwidth_TBps": copy / 1e12, "groups": []}
     print(f"copy bandwidth {copy / 1e12:.3f} TB/s", flush=True)
-    for name, key, make in _groups():
+    for name, key, make in _selected(select):
         fn, nbytes = make(torch.device("cuda"))
         group = {"name": name, "key": list(key), "bytes": nbytes, "rows": []}
         reference = None
@@ -210,13 +216,14 @@ def _line(name: str, row: dict) -> str:
             f"bitwise {'equal' if row['bitwise_equal'] else 'DIFFERENT'}")
 
 
-def precompile() -> int:
+def precompile(select: str | None = None) -> int:
     """Compile (sm_90, into TILELANG_CACHE_DIR) every configuration tune() will run."""
     from kernels import _tilelang
 
     start = time.perf_counter()
-    configs = [(_kernel_of(key), c) for _, key, _ in _groups() for c in candidates(key)]
-    configs += [pair for _, key, _ in _groups() for pair in _support_kernels(key)]
+    groups = _selected(select)
+    configs = [(_kernel_of(key), c) for _, key, _ in groups for c in candidates(key)]
+    configs += [pair for _, key, _ in groups for pair in _support_kernels(key)]
     for kernel, config in configs:
         t = time.perf_counter()
         _tilelang.compiled_kernel(kernel, config, _tilelang.SM90)
@@ -229,12 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.tune", description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", help="OUT.json (timing, needs CUDA)")
     p.add_argument("--precompile", action="store_true", help="only compile the configurations (no GPU needed)")
+    p.add_argument("-k", dest="select", metavar="TEXT", help="only the groups whose name contains TEXT")
     args = p.parse_args(argv)
     if args.precompile:
-        return precompile()
+        return precompile(args.select)
     if not args.out:
         p.error("OUT.json is required unless --precompile")
-    tune(args.out)
+    tune(args.out, args.select)
     return 0
 
 
