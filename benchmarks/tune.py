@@ -1,13 +1,18 @@
-"""Time candidate static configurations of the per-token cast and mHC post kernels against the shipped ones.
+"""Time candidate static configurations of the per-token cast, mHC post and Engram gate kernels against the shipped ones.
 
     python -m benchmarks.tune OUT.json            # on a CUDA machine
     python -m benchmarks.tune --precompile         # here: compile every config it will time (sm_90)
+    python -m benchmarks.tune OUT.json -k engram   # only the groups whose name contains "engram"
 
 Each group is one call on one shape (DeepSeek-V3's: bf16 16384 x 7168 per-token
-e4m3/128, e2m1/32 and e5m6 whole rows; SwiGLU 16384 x 2 x 2048 e4m3/128; mHC post 16384 x 4 x 7168).
+e4m3/128, e2m1/32 and e5m6 whole rows; SwiGLU 16384 x 2 x 2048 e4m3/128; mHC post 16384 x 4 x 7168;
+the Engram gate forward and backward at the bench's T 4096, hc 4, H 4096 bf16, inputs and bytes
+as `tkverify.specs.engram` gives them to the bench; the backward's time includes its grad_w reduction).
 For each candidate (`kernels.quant.TOKEN_TUNE_CONFIGS` of that source, dtype and
-format, `kernels.mhc.POST_TUNE_CONFIGS` of that padded m) the wrapper is pointed
-at it through `kernels.quant.TOKEN_OVERRIDES` / `kernels.mhc.POST_OVERRIDES`, its outputs
+format, `kernels.mhc.POST_TUNE_CONFIGS` of that padded m, `kernels.engram.FWD_TUNE_CONFIGS` /
+`BWD_TUNE_CONFIGS` of the shipped configuration's thread count) the wrapper is pointed
+at it through `kernels.quant.TOKEN_OVERRIDES` / `kernels.mhc.POST_OVERRIDES` /
+`kernels.engram.FWD_OVERRIDES` / `BWD_OVERRIDES` (keyed by the shipped configuration), its outputs
 are compared byte for byte with the shipped configuration's on the timed input
 (a candidate that changes a single byte is disqualified), and it is timed twice:
 eagerly (CUDA events around the call) and replayed from a CUDA graph (the
@@ -28,6 +33,8 @@ import time
 
 TOKENS, HIDDEN, SWIGLU_HIDDEN = 16384, 7168, 2048
 MHC_M = 4
+# the bench's Engram shape (tkverify.specs.engram.BENCH_*), repeated here to name the groups
+ENGRAM_TOKENS, ENGRAM_HEADS, ENGRAM_HIDDEN = 4096, 4, 4096
 
 
 def _groups():
@@ -61,6 +68,19 @@ def _groups():
         return (lambda: mhc.post(x, residual, weights, comb),
                 (x.numel() + 2 * residual.numel()) * 2 + (weights.numel() + comb.numel()) * 4)
 
+    def engram_gate(backward):
+        def make(device):
+            from kernels import engram
+            from tkverify.specs import engram as spec
+
+            if backward:
+                inputs, params = spec.bench_backward_inputs(device)
+                return (lambda: engram.engram_gate_bwd(**inputs, **params),
+                        spec.bench_backward_bytes(inputs, params))
+            inputs, params = spec.bench_forward_inputs(device)
+            return lambda: engram.engram_gate_fwd(**inputs, **params), spec.bench_forward_bytes(inputs, params)
+        return make
+
     return [
         (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e4m3/128", ("x", "bfloat16", "e4m3", 0), cast("e4m3", 128, 1.0)),
         (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e2m1/32", ("x", "bfloat16", "e2m1", 0), cast("e2m1", 32, 0.5)),
@@ -69,32 +89,51 @@ def _groups():
         (f"swiglu_forward_and_per_token_cast bf16 {TOKENS}x2x{SWIGLU_HIDDEN} e4m3/128",
          ("swiglu", "bfloat16", "e4m3", 0), swiglu),
         (f"mhc.post bf16 1x{TOKENS}x{MHC_M}x{HIDDEN}", ("post", True, 4), post),
+        (f"engram.gate_fwd bf16 T{ENGRAM_TOKENS} hc{ENGRAM_HEADS} H{ENGRAM_HIDDEN}", ("engram_fwd", ENGRAM_HIDDEN),
+         engram_gate(False)),
+        (f"engram.gate_bwd bf16 T{ENGRAM_TOKENS} hc{ENGRAM_HEADS} H{ENGRAM_HIDDEN}",
+         ("engram_bwd", ENGRAM_HIDDEN, ENGRAM_HEADS), engram_gate(True)),
     ]
 
 
 def candidates(key):
     """The shipped configuration of `key`, then every tuning candidate of its source, dtype and format
     (for mHC post: of its vectorisation and padded m)."""
-    from kernels import mhc, quant
+    from kernels import engram, mhc, quant
 
     if key[0] == "post":
         default = mhc.post_config(*key[1:])
         return [default] + [c for c in mhc.POST_TUNE_CONFIGS if tuple(c[:2]) == key[1:] and c != default]
+    if key[0] in ("engram_fwd", "engram_bwd"):
+        fwd = key[0] == "engram_fwd"
+        default = engram.fwd_config(key[1]) if fwd else engram.bwd_config(*key[1:])
+        tune = engram.FWD_TUNE_CONFIGS if fwd else engram.BWD_TUNE_CONFIGS
+        return [default] + [c for c in tune if c.threads == default.threads and c != default]
     # the shipped configuration (TUNED applied), then the candidates (static configurations only)
     default = quant.token_config(*key[:3], precomputed=bool(key[3]))
     return [default] + [c for c in quant.TOKEN_TUNE_CONFIGS if tuple(c[:3]) == key[:3] and c != default]
 
 
 def _kernel_of(key):
-    from kernels import mhc, quant
+    from kernels import engram, mhc, quant
 
-    return mhc.POST if key[0] == "post" else quant.TOKEN_CAST
+    return {"post": mhc.POST, "engram_fwd": engram.GATE_FWD, "engram_bwd": engram.GATE_BWD}.get(key[0], quant.TOKEN_CAST)
+
+
+def _support_kernels(key):
+    """(kernel, config) pairs a group's call launches besides the tuned one (compiled by --precompile too)."""
+    from kernels import engram
+
+    return [(engram.GRAD_W_REDUCE, engram.ReduceConfig())] if key[0] == "engram_bwd" else []
 
 
 def _overrides(key):
     """The override table of `key`'s kernel and the key into it."""
-    from kernels import mhc, quant
+    from kernels import engram, mhc, quant
 
+    if key[0] in ("engram_fwd", "engram_bwd"):  # keyed by the shipped configuration of H
+        return (engram.FWD_OVERRIDES if key[0] == "engram_fwd" else engram.BWD_OVERRIDES,
+                engram.config_for_hidden(key[1]))
     return (mhc.POST_OVERRIDES, key[1:]) if key[0] == "post" else (quant.TOKEN_OVERRIDES, key)
 
 
@@ -105,7 +144,12 @@ def _bytes_of(outputs):
     return [o.contiguous().view(torch.uint8).clone() for o in outs if isinstance(o, torch.Tensor)]
 
 
-def tune(out_path: str) -> dict:
+def _selected(select: str | None):
+    """The groups whose name contains `select` (every group without one)."""
+    return [g for g in _groups() if not select or select in g[0]]
+
+
+def tune(out_path: str, select: str | None = None) -> dict:
     import torch
 
     from tkverify import bench
@@ -113,7 +157,7 @@ def tune(out_path: str) -> dict:
     copy = bench.copy_bandwidth()
     doc = {"meta": bench.meta(), "copy_bandwidth_TBps": copy / 1e12, "groups": []}
     print(f"copy bandwidth {copy / 1e12:.3f} TB/s", flush=True)
-    for name, key, make in _groups():
+    for name, key, make in _selected(select):
         fn, nbytes = make(torch.device("cuda"))
         group = {"name": name, "key": list(key), "bytes": nbytes, "rows": []}
         reference = None
@@ -156,6 +200,12 @@ def _line(name: str, row: dict) -> str:
     c = row["config"]
     if "steps" in c:
         knobs = f"threads={c['threads']} steps={c['steps']} min_blocks={c['min_blocks']} precomputed={c['precomputed']}"
+    elif "v_once" in c:  # an Engram GateConfig: the thread count and the knobs away from their defaults
+        from kernels import engram
+
+        defaults = engram.GateConfig._field_defaults
+        knobs = " ".join([f"threads={c['threads']}"] + [f"{k}={v}" for k, v in c.items() if k in defaults and
+                                                         v != defaults[k]])
     else:
         knobs = " ".join(f"{k}={v}" for k, v in c.items())
     if "error" in row:
@@ -166,12 +216,14 @@ def _line(name: str, row: dict) -> str:
             f"bitwise {'equal' if row['bitwise_equal'] else 'DIFFERENT'}")
 
 
-def precompile() -> int:
+def precompile(select: str | None = None) -> int:
     """Compile (sm_90, into TILELANG_CACHE_DIR) every configuration tune() will run."""
     from kernels import _tilelang
 
     start = time.perf_counter()
-    configs = [(_kernel_of(key), c) for _, key, _ in _groups() for c in candidates(key)]
+    groups = _selected(select)
+    configs = [(_kernel_of(key), c) for _, key, _ in groups for c in candidates(key)]
+    configs += [pair for _, key, _ in groups for pair in _support_kernels(key)]
     for kernel, config in configs:
         t = time.perf_counter()
         _tilelang.compiled_kernel(kernel, config, _tilelang.SM90)
@@ -184,12 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.tune", description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", help="OUT.json (timing, needs CUDA)")
     p.add_argument("--precompile", action="store_true", help="only compile the configurations (no GPU needed)")
+    p.add_argument("-k", dest="select", metavar="TEXT", help="only the groups whose name contains TEXT")
     args = p.parse_args(argv)
     if args.precompile:
-        return precompile()
+        return precompile(args.select)
     if not args.out:
         p.error("OUT.json is required unless --precompile")
-    tune(args.out)
+    tune(args.out, args.select)
     return 0
 
 

@@ -107,7 +107,14 @@ legalisation is disabled, as in the other families).
 
 Static configurations: gate_fwd and gate_bwd, each by threads (128, 512,
 896; the ring depths are constants, not configurations); grad_w_reduce one.  T, hc, H, eps, clamp, the block sizes are runtime
-values.
+values.  Tuning candidates (`FWD_TUNE_CONFIGS`, `BWD_TUNE_CONFIGS`, all at 512
+threads; not used unless `FWD_OVERRIDES` / `BWD_OVERRIDES`, keyed by the shipped
+configuration, name one: benchmarks/tune.py times them) vary the GateConfig knobs
+whose defaults are the shipped kernels above: the ring's depth, the forward's
+resident CTAs and waves, the forward's interleaved token order (token block j of
+G takes tokens j, j + G, ...), evict-first (st.global.cs) stores, and the
+backward's v copied once a token.  None changes a row's arithmetic or the
+backward's blocks, so every output keeps its bits.
 """
 
 # No `from __future__ import annotations` here: tilelang evaluates the
@@ -146,14 +153,39 @@ BWD_BLOCKS = 256  # backward: at most this many token blocks (grad_w partials); 
 # whose partials may take 224 KiB) loads each row into registers and runs them one after the other.
 BWD_RING_MAX_THREADS = 512
 BWD_STAGES = 3
+MAX_SHARED_PER_CTA = 227 * 1024  # sm_90: what a backward tuning override's ring and partials may take
 
 REDUCE_THREADS = 256
 REDUCE_WARPS = REDUCE_THREADS // WARP
 REDUCE_COLUMNS = WARP * 4  # grad_w elements a reduce CTA takes (a float4 per lane)
 
+# Only the tuning candidates with streaming stores use it (the shipped kernels have no prelude).
+PRELUDE = r"""
+#ifndef TKE_PRELUDE
+#define TKE_PRELUDE
+// 16 bytes (both 16-byte aligned) stored with st.global.cs: written once, evicted first from L2.
+__device__ __forceinline__ void tke_store16_stream(void* dst, const void* src) {
+  uint4 v = *(const uint4*)src;
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+               :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#else
+  *(uint4*)dst = v;
+#endif
+}
+#endif
+"""
+
 
 class GateConfig(NamedTuple):
     threads: int  # threads of a CTA, one 16-byte chunk of every row each: H <= 8 * threads
+    # Tuning knobs (the defaults are the shipped kernels; see FWD_TUNE_CONFIGS, BWD_TUNE_CONFIGS):
+    stages: int = 0  # ring slots; 0: the kernel's own (FWD_STAGES, BWD_STAGES)
+    resident: int = 0  # forward: CTAs an SM (launch bounds and grid); 0: FWD_RESIDENT[threads]
+    interleave: bool = False  # forward: token block j takes tokens j, j + G, j + 2G, ... (G blocks)
+    waves: int = 1  # forward: the grid is this many waves of resident CTAs
+    streaming: bool = False  # out (forward), grad_x, grad_k, grad_v (backward) stored with st.global.cs
+    v_once: bool = False  # backward: v copied at a token's head 0 only, kept in registers for its other heads
 
 
 class ReduceConfig(NamedTuple):
@@ -162,6 +194,38 @@ class ReduceConfig(NamedTuple):
 
 GATE_CONFIGS = tuple(GateConfig(n) for n in THREAD_COUNTS)
 REDUCE_CONFIGS = (ReduceConfig(),)
+
+# Candidates a GPU run (benchmarks/tune.py) times against the shipped 512-thread configurations
+# (H 1025 .. 4096; the benchmark's T 4096, hc 4, H 4096), bitwise equal by construction: every row's
+# arithmetic is the same, only the rows' placement, the loads in flight and the store kind change.
+FWD_TUNE_CONFIGS = (
+    # sweep order: all CTAs work on ~G consecutive tokens at a time, like a copy kernel's grid, not G
+    # streams 2 MiB apart (DRAM page locality; v's reuse by the hc heads is closest in time)
+    GateConfig(512, interleave=True),
+    # out written once, never read again: evict-first from L2 (leaves L2 to v, read by hc CTAs)
+    GateConfig(512, streaming=True),
+    GateConfig(512, interleave=True, streaming=True),
+    # one CTA an SM with 8 slots: 7 rows (168 KiB) in flight instead of 2 x 3 (144 KiB), same shared memory
+    GateConfig(512, stages=8, resident=1, interleave=True),
+    # 3 slots: 2 x 2 rows (96 KiB) in flight, if the 4-slot ring over-subscribes DRAM queues
+    GateConfig(512, stages=3, interleave=True),
+    # 4 waves of 4x shorter CTAs, scheduled as slots free up: SMs that run faster take more tokens
+    GateConfig(512, waves=4),
+)
+BWD_TUNE_CONFIGS = (
+    # 4 slots: 3 rows (96 KiB) in flight instead of 2 (the CTA is alone on its SM); the ring then
+    # takes 128 KiB, which leaves hc H <= 25280 fp32 of partials (hc <= 6 at H 4096; checked at launch)
+    GateConfig(512, stages=4),
+    # v copied once a token, not hc times: a quarter fewer bytes through L2 and cp.async at hc 4
+    GateConfig(512, v_once=True),
+    # grad_x, grad_k, grad_v written once: evict-first from L2
+    GateConfig(512, streaming=True),
+    GateConfig(512, stages=4, v_once=True, streaming=True),
+)
+# The shipped configuration (config_for_hidden) -> the configuration to use instead (any of
+# GATE_FWD.configs / GATE_BWD.configs), for a tuning run.
+FWD_OVERRIDES: dict[GateConfig, GateConfig] = {}
+BWD_OVERRIDES: dict[GateConfig, GateConfig] = {}
 
 
 def config_for_hidden(hidden: int) -> GateConfig:
@@ -265,17 +329,21 @@ def build_gate_fwd(config: GateConfig):
     [(b // hc) tpb, (b // hc + 1) tpb)."""
     T = _tilelang.T()
     nt = config.threads
-    stages = FWD_STAGES
+    stages = config.stages or FWD_STAGES
+    resident = config.resident or FWD_RESIDENT[nt]
+    interleave, streaming = config.interleave, config.streaming
+    assert stages >= 2 and not config.v_once, config
     unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
     copy_chunk, take_chunk = _ring_macros(T, nt)
     num_tokens, heads, hv, n_w = T.dynamic("num_tokens, heads, hv, n_w")  # hv = H / 8 chunks a row
 
     @T.macro
-    def issue_row(x, k, v, ring, t, t1, h, tx):
-        # row t's chunk tx of x, k, v into its ring slot; one commit group a row, empty past the rows
+    def issue_row(x, k, v, ring, t, t1, h, tx, key=None):
+        # row t's chunk tx of x, k, v into ring slot key % stages (key: t, or the CTA's row count when
+        # interleaved); one commit group a row, empty past the rows
         if t < t1:
             if tx < hv:
-                slot = T.truncmod(t, stages) * 3
+                slot = T.truncmod(t if key is None else key, stages) * 3
                 copy_chunk(ring, slot, tx, x[t, h, tx * WORDS])
                 copy_chunk(ring, slot + 1, tx, k[t, h, tx * WORDS])
                 copy_chunk(ring, slot + 2, tx, v[t, tx * WORDS])
@@ -283,11 +351,11 @@ def build_gate_fwd(config: GateConfig):
 
     @T.macro
     def process_row(xw, kw, vw, wl, ring, out, d, g, rx, rk, t, h, tx, lane, warp, parity, red, sums, xv, kv, vv,
-                    ov, eps, clamp, scale, inv_h):
+                    ov, eps, clamp, scale, inv_h, key=None):
         # Every word of the slot is read before the reduction's barrier, which orders these reads
         # before the cp.async that refills the slot (issued after the barrier).
         if tx < hv:
-            slot = T.truncmod(t, stages) * 3
+            slot = T.truncmod(t if key is None else key, stages) * 3
             take_chunk(ring, slot, tx, xw)
             take_chunk(ring, slot + 1, tx, kw)
             take_chunk(ring, slot + 2, tx, vw)
@@ -311,8 +379,12 @@ def build_gate_fwd(config: GateConfig):
             unpack(vw, 0, vv)
             for e in T.unroll(CHUNK):
                 ov[e] = T.Cast("bfloat16", xv[e] + gate * vv[e])
-            for e in T.vectorized(CHUNK):
-                out[t, h, tx * CHUNK + e] = ov[e]
+            if streaming:
+                T.call_extern("handle", "tke_store16_stream", T.address_of(out[t, h, tx * CHUNK]),
+                              T.address_of(ov[0]))
+            else:
+                for e in T.vectorized(CHUNK):
+                    out[t, h, tx * CHUNK + e] = ov[e]
         if tx == 0:
             d[t, h] = sums[2]
             g[t, h] = gate
@@ -338,14 +410,21 @@ def build_gate_fwd(config: GateConfig):
         num_blocks: T.int32,
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
-        with T.Kernel(num_blocks, threads=nt) as block:
-            T.annotate_min_blocks_per_sm(FWD_RESIDENT[nt])
+        with T.Kernel(num_blocks, threads=nt, prelude=PRELUDE if streaming else None) as block:
+            T.annotate_min_blocks_per_sm(resident)
             tx = T.get_thread_binding()
             lane = tx % WARP
             warp = tx // WARP
             h = T.alloc_var("int32", init=T.truncmod(block, heads))
-            t0 = T.alloc_var("int32", init=T.truncdiv(block, heads) * tokens_per_block)
-            t1 = T.alloc_var("int32", init=T.min(t0 + tokens_per_block, num_tokens))
+            if interleave:
+                # token block j of G takes tokens j, j + G, ... (at most tokens_per_block of them, G of
+                # them at a time: tokens_per_block G >= T): t0 = j, the stride G, t1 bounds the tokens
+                t0 = T.alloc_var("int32", init=T.truncdiv(block, heads))
+                stride = T.alloc_var("int32", init=T.truncdiv(num_blocks, heads))
+                t1 = T.alloc_var("int32", init=T.min(t0 + tokens_per_block * stride, num_tokens))
+            else:
+                t0 = T.alloc_var("int32", init=T.truncdiv(block, heads) * tokens_per_block)
+                t1 = T.alloc_var("int32", init=T.min(t0 + tokens_per_block, num_tokens))
             red = T.alloc_shared((2 * 3 * WARP,), "float32")
             ring = T.alloc_shared((stages * 3 * nt * WORDS,), "int32")  # slot (t % stages, operand, thread)
             wl = T.alloc_local((CHUNK,), "float32")
@@ -363,19 +442,29 @@ def build_gate_fwd(config: GateConfig):
             if tx < hv:
                 load_weights(w, wl, h, hv, tx)
             # The loads of the next stages - 1 rows are in flight while a row is reduced.
-            for s in T.unroll(stages - 1):
-                issue_row(x, k, v, ring, t0 + s, t1, h, tx)
-            for i in T.serial(t1 - t0):
-                issue_row(x, k, v, ring, t0 + i + stages - 1, t1, h, tx)
-                T.ptx_wait_group(stages - 1)  # this thread's copies of row t0 + i have landed
-                T.sync_warp()  # a compiler barrier: the slot's reads stay after the wait
-                process_row(xw, kw, vw, wl, ring, out, d, g, rx, rk, t0 + i, h, tx, lane, warp, T.truncmod(i, 2),
-                            red, sums, xv, kv, vv, ov, eps, clamp, scale, inv_h)
+            if interleave:
+                for s in T.unroll(stages - 1):
+                    issue_row(x, k, v, ring, t0 + s * stride, t1, h, tx, key=s)
+                for i in T.serial(T.ceildiv(t1 - t0, stride)):
+                    issue_row(x, k, v, ring, t0 + (i + stages - 1) * stride, t1, h, tx, key=i + stages - 1)
+                    T.ptx_wait_group(stages - 1)  # this thread's copies of the CTA's row i have landed
+                    T.sync_warp()  # a compiler barrier: the slot's reads stay after the wait
+                    process_row(xw, kw, vw, wl, ring, out, d, g, rx, rk, t0 + i * stride, h, tx, lane, warp,
+                                T.truncmod(i, 2), red, sums, xv, kv, vv, ov, eps, clamp, scale, inv_h, key=i)
+            else:
+                for s in T.unroll(stages - 1):
+                    issue_row(x, k, v, ring, t0 + s, t1, h, tx)
+                for i in T.serial(t1 - t0):
+                    issue_row(x, k, v, ring, t0 + i + stages - 1, t1, h, tx)
+                    T.ptx_wait_group(stages - 1)  # this thread's copies of row t0 + i have landed
+                    T.sync_warp()  # a compiler barrier: the slot's reads stay after the wait
+                    process_row(xw, kw, vw, wl, ring, out, d, g, rx, rk, t0 + i, h, tx, lane, warp, T.truncmod(i, 2),
+                                red, sums, xv, kv, vv, ov, eps, clamp, scale, inv_h)
 
     return engram_gate_fwd
 
 
-GATE_FWD = KernelDef("engram.gate_fwd", build_gate_fwd, GATE_CONFIGS)
+GATE_FWD = KernelDef("engram.gate_fwd", build_gate_fwd, GATE_CONFIGS + FWD_TUNE_CONFIGS)
 
 
 # ------------------------------------------------------------------ backward
@@ -390,7 +479,10 @@ def build_gate_bwd(config: GateConfig):
     T = _tilelang.T()
     nt = config.threads
     ringed = nt <= BWD_RING_MAX_THREADS
-    stages = BWD_STAGES
+    stages = config.stages or BWD_STAGES
+    v_once, streaming = config.v_once, config.streaming
+    assert stages >= 2 and (ringed or not (v_once or config.stages)), config
+    assert not (config.interleave or config.resident or config.waves != 1), f"forward-only knobs: {config}"
     unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
     copy_chunk, take_chunk = _ring_macros(T, nt)
     n_rows, n_words, n_v, n_w, n_parts = T.dynamic("n_rows, n_words, n_v, n_w, n_parts")
@@ -422,11 +514,15 @@ def build_gate_bwd(config: GateConfig):
                 copy_chunk(ring, slot, tx, grad_out[base * WORDS])
                 copy_chunk(ring, slot + 1, tx, x[base * WORDS])
                 copy_chunk(ring, slot + 2, tx, k[base * WORDS])
-                copy_chunk(ring, slot + 3, tx, v[vbase * WORDS])
+                if v_once:
+                    if T.truncmod(row, heads) == 0:  # the token's other heads keep it in registers
+                        copy_chunk(ring, slot + 3, tx, v[vbase * WORDS])
+                else:
+                    copy_chunk(ring, slot + 3, tx, v[vbase * WORDS])
         T.ptx_commit_group()
 
     @T.macro
-    def take_row(ring, gw, xw, kw, vw, row, tx, hv):
+    def take_row(ring, gw, xw, kw, vw, row, tx, hv, head=None):
         # Every word of the slot is read here, before the row's reduction barrier, which orders
         # these reads before the cp.async that refills the slot (issued after the barrier).
         if tx < hv:
@@ -434,7 +530,11 @@ def build_gate_bwd(config: GateConfig):
             take_chunk(ring, slot, tx, gw)
             take_chunk(ring, slot + 1, tx, xw)
             take_chunk(ring, slot + 2, tx, kw)
-            take_chunk(ring, slot + 3, tx, vw)
+            if v_once:
+                if head == 0:  # vw holds the token's v from its head 0 row otherwise
+                    take_chunk(ring, slot + 3, tx, vw)
+            else:
+                take_chunk(ring, slot + 3, tx, vw)
 
     @T.macro
     def process_row(gw, xw, kw, vw, w, d, g, rx, rk, grad_x, grad_k, grad_v, part, red, row, tok, head, tx, lane,
@@ -473,10 +573,14 @@ def build_gate_bwd(config: GateConfig):
                     ok[2 * p + half] = T.Cast("bfloat16", gwe * xe - ck * ke)
                     gvacc[2 * p + half] = gvacc[2 * p + half] + ge * sc[1]
                     pw[2 * p + half] = (gd * xe) * ke
-            for e in T.vectorized(CHUNK):
-                grad_x[base * CHUNK + e] = ox[e]
-            for e in T.vectorized(CHUNK):
-                grad_k[base * CHUNK + e] = ok[e]
+            if streaming:
+                T.call_extern("handle", "tke_store16_stream", T.address_of(grad_x[base * CHUNK]), T.address_of(ox[0]))
+                T.call_extern("handle", "tke_store16_stream", T.address_of(grad_k[base * CHUNK]), T.address_of(ok[0]))
+            else:
+                for e in T.vectorized(CHUNK):
+                    grad_x[base * CHUNK + e] = ox[e]
+                for e in T.vectorized(CHUNK):
+                    grad_k[base * CHUNK + e] = ok[e]
             # grad_w partial: two float4 planes per (head, chunk), owned by this thread
             for p in T.unroll(2):
                 for e in T.vectorized(CHUNK // 2):
@@ -484,8 +588,12 @@ def build_gate_bwd(config: GateConfig):
             if head == heads - 1:
                 for e in T.unroll(CHUNK):
                     ox[e] = T.Cast("bfloat16", gvacc[e])
-                for e in T.vectorized(CHUNK):
-                    grad_v[(T.Cast("int64", tok) * hv + tx) * CHUNK + e] = ox[e]
+                if streaming:
+                    T.call_extern("handle", "tke_store16_stream",
+                                  T.address_of(grad_v[(T.Cast("int64", tok) * hv + tx) * CHUNK]), T.address_of(ox[0]))
+                else:
+                    for e in T.vectorized(CHUNK):
+                        grad_v[(T.Cast("int64", tok) * hv + tx) * CHUNK + e] = ox[e]
 
     @T.prim_func
     def engram_gate_bwd(
@@ -512,7 +620,7 @@ def build_gate_bwd(config: GateConfig):
         num_blocks: T.int32,
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
-        with T.Kernel(num_blocks, threads=nt) as block:
+        with T.Kernel(num_blocks, threads=nt, prelude=PRELUDE if streaming else None) as block:
             tx = T.get_thread_binding()
             lane = tx % WARP
             warp = tx // WARP
@@ -554,7 +662,10 @@ def build_gate_bwd(config: GateConfig):
                     issue_row(grad_out, x, k, v, ring, r0 + i + stages - 1, r1, heads, tx, hv)
                     T.ptx_wait_group(stages - 1)  # this thread's copies of row r0 + i have landed
                     T.sync_warp()  # a compiler barrier: the slot's reads stay after the wait
-                    take_row(ring, ga, xa, ka, va, r0 + i, tx, hv)
+                    if v_once:
+                        take_row(ring, ga, xa, ka, va, r0 + i, tx, hv, head=ha)
+                    else:
+                        take_row(ring, ga, xa, ka, va, r0 + i, tx, hv)
                     process_row(ga, xa, ka, va, w, d, g, rx, rk, grad_x, grad_k, grad_v, part, red, r0 + i, ta, ha,
                                 tx, lane, warp, T.truncmod(i, 2), wl, sc, sums, pw, gvacc, ox, ok, heads, hv, clamp,
                                 scale, inv_h)
@@ -578,7 +689,7 @@ def build_gate_bwd(config: GateConfig):
     return engram_gate_bwd
 
 
-GATE_BWD = KernelDef("engram.gate_bwd", build_gate_bwd, GATE_CONFIGS)
+GATE_BWD = KernelDef("engram.gate_bwd", build_gate_bwd, GATE_CONFIGS + BWD_TUNE_CONFIGS)
 
 
 # ------------------------------------------------------------------ grad_w reduction
@@ -676,10 +787,35 @@ def _multiprocessors(index: int) -> int:
 
 
 
-def forward_tokens_per_block(tokens: int, heads: int, threads: int, multiprocessors: int) -> int:
-    """Tokens a forward CTA takes: about one wave of resident CTAs (the results do not depend on it)."""
-    blocks = max(1, (multiprocessors * FWD_RESIDENT[threads]) // heads)
+def forward_tokens_per_block(tokens: int, heads: int, threads: int, multiprocessors: int, resident: int = 0,
+                             waves: int = 1) -> int:
+    """Tokens a forward CTA takes: about `waves` waves of `resident` (0: FWD_RESIDENT[threads]) CTAs an SM
+    (the results do not depend on it)."""
+    blocks = max(1, (multiprocessors * (resident or FWD_RESIDENT[threads]) * waves) // heads)
     return max(1, -(-tokens // blocks))
+
+
+def fwd_config(hidden: int) -> GateConfig:
+    """The forward's configuration for H: the shipped one, unless a tuning run overrides it (FWD_OVERRIDES)."""
+    config = config_for_hidden(hidden)
+    return FWD_OVERRIDES.get(config, config)
+
+
+def bwd_config(hidden: int, heads: int) -> GateConfig:
+    """The backward's configuration for (H, hc): the shipped one, unless a tuning run overrides it
+    (BWD_OVERRIDES) with one whose shared memory fits at this hc H (otherwise the shipped one)."""
+    config = config_for_hidden(hidden)
+    override = BWD_OVERRIDES.get(config)
+    if override is None or _bwd_shared_bytes(override, heads * hidden) > MAX_SHARED_PER_CTA:
+        return config
+    return override
+
+
+
+def _bwd_shared_bytes(config: GateConfig, elements: int) -> int:
+    """The backward's shared memory at hc H = elements: ring, reduction slots, grad_w partials."""
+    ring = (config.stages or BWD_STAGES) * 4 * config.threads * 16 if config.threads <= BWD_RING_MAX_THREADS else 16
+    return ring + 2 * WARP * 4 + elements * 4
 
 
 def backward_blocks(tokens: int) -> tuple[int, int]:
@@ -700,10 +836,11 @@ def engram_gate_fwd(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.
     saved = [torch.empty((tokens, heads), dtype=torch.float32, device=x.device) for _ in range(4)]
     if tokens == 0:
         return (out, *saved)
-    config = config_for_hidden(hidden)
+    config = fwd_config(hidden)
     kernel = _tilelang.kernel_for(GATE_FWD, config, x.device)
     scale, inv_h = _row_constants(hidden)
-    per_block = forward_tokens_per_block(tokens, heads, config.threads, _multiprocessors(x.device.index or 0))
+    per_block = forward_tokens_per_block(tokens, heads, config.threads, _multiprocessors(x.device.index or 0),
+                                         config.resident, config.waves)
     num_blocks = -(-tokens // per_block) * heads
     with _tilelang.device_guard(x.device):
         kernel(_words(x), _words(k), _words(v), _tilelang.aligned(w).view(-1), out, *saved, eps, clamp, scale,
@@ -732,7 +869,7 @@ def engram_gate_bwd(grad_out: torch.Tensor, x: torch.Tensor, k: torch.Tensor, v:
     if tokens == 0:
         return grad_x, grad_k, grad_v, torch.zeros((heads, hidden), dtype=torch.float32, device=x.device)
     grad_w = torch.empty((heads, hidden), dtype=torch.float32, device=x.device)
-    config = config_for_hidden(hidden)
+    config = bwd_config(hidden, heads)
     target = _tilelang.target_for(x.device)
     kernel = _tilelang.compiled_kernel(GATE_BWD, config, target)
     reduce = _tilelang.compiled_kernel(GRAD_W_REDUCE, ReduceConfig(), target)

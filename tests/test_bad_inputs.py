@@ -457,6 +457,8 @@ NOT_ENTRY_POINTS = {
     "engram.apply_unfused": "engram_gate's body, shared by both implementations (covered by engram_gate's table)",
     "engram.gate_function": "builds the autograd Function of a (fwd, bwd) pair (covered by EngramGate's table)",
     "engram.config_for_hidden": "picks a TileLang static configuration from H",
+    "engram.fwd_config": "picks the forward's static configuration (the shipped one, or a tuning override)",
+    "engram.bwd_config": "picks the backward's static configuration (the shipped one, or a tuning override)",
     "engram.forward_tokens_per_block": "launch geometry arithmetic",
     "engram.backward_blocks": "launch geometry arithmetic",
     "mhc.checkpoint_interval": "the backward's checkpoint arithmetic",

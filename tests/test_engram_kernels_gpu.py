@@ -114,6 +114,39 @@ def test_every_output_is_reproducible_bit_for_bit(engram, shape):
             assert_same_bits(a, b, name)
 
 
+# 512-thread shapes (the tuning candidates' configuration): several rows a CTA, a ragged last token
+# block, hc 1 (v_once copies v every row), H below 8 * 512 (idle threads)
+TUNE_SHAPES = [(1000, 4, 4096), (301, 3, 2056), (77, 1, 1032), (9, 6, 4096)]
+
+
+@pytest.mark.parametrize("shape", TUNE_SHAPES, ids=[f"T{t}-hc{h}-H{n}" for t, h, n in TUNE_SHAPES])
+def test_tuning_candidates_give_the_shipped_bits(engram, shape):
+    """Every configuration a tuning run may time (kernels.engram.FWD_TUNE_CONFIGS, BWD_TUNE_CONFIGS)
+    returns the shipped configuration's bits, every output."""
+    i = _cuda(make_case(*shape, seed=11))
+    want = engram.engram_gate_fwd(**i)
+    grad = _grad_out(i["x"], 5)
+    want_grads = engram.engram_gate_bwd(grad, i["x"], i["k"], i["v"], i["w"], *want[1:])
+    shipped = engram.config_for_hidden(shape[2])
+    for config in engram.FWD_TUNE_CONFIGS:
+        engram.FWD_OVERRIDES[shipped] = config
+        try:
+            got = engram.engram_gate_fwd(**i)
+        finally:
+            engram.FWD_OVERRIDES.clear()
+        for name, a, b in zip(("out", "d", "g", "rx", "rk"), want, got):
+            assert_same_bits(a, b, f"{config} {name}")
+    for config in engram.BWD_TUNE_CONFIGS:
+        engram.BWD_OVERRIDES[shipped] = config
+        try:
+            assert engram.bwd_config(shape[2], shape[1]) == config  # the shared memory fits at these hc H
+            got = engram.engram_gate_bwd(grad, i["x"], i["k"], i["v"], i["w"], *want[1:])
+        finally:
+            engram.BWD_OVERRIDES.clear()
+        for name, a, b in zip(("grad_x", "grad_k", "grad_v", "grad_w"), want_grads, got):
+            assert_same_bits(a, b, f"{config} {name}")
+
+
 def test_autograd_function_ties_the_two_kernels(engram):
     i = _cuda(make_case(9, 3, 256, seed=7))
     leaves = {n: t.clone().requires_grad_() for n, t in i.items()}
@@ -273,7 +306,9 @@ def test_generated_cuda_uses_16_byte_vectors_and_accurate_maths(tilelang_only):
                 assert "cp_async_wait<" in body and "cp_async_commit()" in body, f"{kernel.name} {config}"
                 assert body.count("cp_async_gs<16>(") == 2 * len(loads), f"{kernel.name} {config}: prologue + loop"
             for name in stores:
-                assert f"*(uint4*)({name} + " in body, f"{kernel.name} {config}: {name} not written as 16-byte vectors"
+                # a plain 16-byte vector store, or st.global.cs of 16 bytes (a tuning candidate's streaming stores)
+                store = f"tke_store16_stream((&({name}[" if config.streaming else f"*(uint4*)({name} + "
+                assert store in body, f"{kernel.name} {config}: {name} not written as 16-byte vectors"
             assert "*(float4*)(w + " in body, f"{kernel.name} {config}: w not read as float4"
             for fast in ("__expf", "__fdividef", "__fsqrt", "__frsqrt"):
                 assert fast not in body, f"{kernel.name} {config}: {fast}"
