@@ -7,12 +7,12 @@
 # that starts with @N sees only GPU N (CUDA_VISIBLE_DEVICES), e.g. STEPS="@0 bench | @1 report".
 # "suite" times `pytest --pyargs tkverify.suite` once per worker count in SUITE_WORKERS (default 2),
 # over the GPUs the group sees, with the GPUs' utilisation logged beside it.
-# Env: TK_IMPL (default all) is pytest's --tk-impl; WORKERS (default 8) pytest -n; SEED passes
+# Env: TUNE_K picks tune groups by name; TK_IMPL (default all) is pytest's --tk-impl; WORKERS (default 8) pytest -n; SEED passes
 # --hypothesis-seed (the ci profile then draws other examples); SEEDS="1 2 ..." runs tkverify.suite once
 # per seed (SEED_WORKERS each, --tk-impl SEED_IMPL, default torch,tilelang); MUTANT_IMPLS (default "tilelang torch"); MEMCHECK_SECONDS, MEMCHECK_TESTS, MEMCHECK_K,
 # RACECHECK_SECONDS, RACECHECK_TESTS, RACECHECK_K; REPLAY (case files for `tkverify replay --impl
 # tile_kernels`, REPLAY_RAW likewise with TKVERIFY_TK_RAW=1, REPLAY_EACH one process a case, each capped at
-# REPLAY_SECONDS); fuzz: FUZZ_IMPL, FUZZ_EXAMPLES, FUZZ_SECONDS, FUZZ_WORKERS; fuzz-tk: FUZZ_TK_EXAMPLES, FUZZ_TK_SECONDS.
+# REPLAY_SECONDS); fuzz: FUZZ_IMPL, FUZZ_EXAMPLES, FUZZ_SECONDS, FUZZ_WORKERS; fuzz-tk: FUZZ_TK_EXAMPLES, FUZZ_TK_SECONDS, FUZZ_TK_WORKERS.
 # Caches: .cache/tilelang.tar.xz (ours) and .cache/tilelang-main.tar.xz (tile-kernels' JIT) are unpacked
 # when carried; both come back under results/ (the tool brings back few files: one tarball).
 set -uo pipefail
@@ -34,9 +34,9 @@ python3 -c "import torch, tilelang; print('torch', torch.__version__, 'cuda', to
 
 source scripts/steps.sh
 
-fuzz_run() {  # NAME IMPL EXAMPLES SECONDS
+fuzz_run() {  # NAME IMPL EXAMPLES SECONDS WORKERS
   step "$1" env TKVERIFY_FUZZ_EXAMPLES="$3" timeout -s KILL "$4" python3 -m pytest --pyargs tkverify.suite \
-    -p no:cacheprovider -q -rfE -n "${FUZZ_WORKERS:-8}" --tk-impl "$2" --tk-profile fuzz --tk-report "$R/$1" \
+    -p no:cacheprovider -q -rfE -n "$5" --tk-impl "$2" --tk-profile fuzz --tk-report "$R/$1" \
     --tk-cases "$R/cases-$1"
   step "shards-$1" python3 -m tkverify.cli shards --merge "$R/$1"
 }
@@ -62,7 +62,7 @@ run_group() {  # the steps of one group, in this order
   # Host time per call of the TileLang wrappers (what eager callers pay beyond the kernel).
   wants profile && step profile python3 scripts/profile_host.py -k per_token_cast,swiglu,expand_to_fused,transpose,engram,sinkhorn
   # Candidate static configurations, bitwise-checked against the shipped ones.
-  wants tune && step tune python3 -m benchmarks.tune "$R/tune.json"
+  wants tune && step tune python3 -m benchmarks.tune "$R/tune.json" ${TUNE_K:+-k "$TUNE_K"}
   if wants seeds; then  # the derandomised ci profile under other seeds: no false alarms
     for s in ${SEEDS:-1 2 3}; do
       step "seed-$s" timeout -k 10 "${SEED_SECONDS:-600}" python3 -m pytest --pyargs tkverify.suite -p no:cacheprovider -q -n "${SEED_WORKERS:-4}" \
@@ -72,8 +72,10 @@ run_group() {  # the steps of one group, in this order
   # The fuzz profile (TKVERIFY_FUZZ_EXAMPLES a test): ours (the long no-false-alarm hunt), and
   # tile-kernels on its own (its JIT compiles per shape would slow ours). KILL at the cap (the whole
   # process group), then the report from the workers' shards, marked partial.
-  wants fuzz && fuzz_run fuzz "${FUZZ_IMPL:-torch,tilelang}" "${FUZZ_EXAMPLES:-1000}" "${FUZZ_SECONDS:-400}"
-  wants fuzz-tk && fuzz_run fuzz-tk tile_kernels "${FUZZ_TK_EXAMPLES:-200}" "${FUZZ_TK_SECONDS:-300}"
+  wants fuzz && fuzz_run fuzz "${FUZZ_IMPL:-torch,tilelang}" "${FUZZ_EXAMPLES:-1000}" "${FUZZ_SECONDS:-400}" \
+    "${FUZZ_WORKERS:-8}"
+  wants fuzz-tk && fuzz_run fuzz-tk tile_kernels "${FUZZ_TK_EXAMPLES:-200}" "${FUZZ_TK_SECONDS:-300}" \
+    "${FUZZ_TK_WORKERS:-8}"
   if wants suite; then  # the differential suite's wall time by worker count, over the GPUs this group sees
     local gpus; gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
     for n in ${SUITE_WORKERS:-2}; do
