@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tkverify.adapters import tile_kernels_known as known
 from tkverify.case import load_case
@@ -42,6 +43,22 @@ FINDING_CASES = [
     ("tile-kernels-1.0.0/cases/moe.topk_gate-G3-nan-score.json", "1.0.0", False, {"indices"}, "", "G3"),
     ("tile-kernels-1.0.0/cases/quant.per_token_cast_with_sf_only-G5-nan-and-inf.json", "1.0.0", False, {"sf"}, "",
      "F1"),
+    # Session 5 (H200 runs 10-13):
+    ("tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m5-one-token-run10.json", "2.1.0", False, None,
+     "InternalError: Check failed: (has_best) is false: no available layout found", "F12"),
+    ("tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m5-one-token-run10.json", "2.1.0", False, None,
+     "InternalError: ", "F12"),
+    ("tile-kernels-2.1.0/cases/quant.per_block_cast-F13-nan.json", "2.1.0", False, {"sf"}, "", "F13"),
+    ("tile-kernels-1.0.0/cases/quant.per_block_cast-F13-nan-ue8m0.json", "1.0.0", False, {"sf"}, "", "F13"),
+    ("tile-kernels-1.0.0/cases/mhc.pre_split_mixes-G1-empty-batch-divide-by-zero.json", "1.0.0", False, None,
+     "InternalError: Check failed: fb->value != 0 (0 vs. 0) : Divide by zero", "F9"),
+    ("tile-kernels-1.0.0/cases/moe.topk_gate-G8-tied-neg-inf.json", "1.0.0", False, {"indices"}, "", "G8"),
+    ("tile-kernels-1.0.0/cases/quant.per_token_cast-G10-e5m6-nan.json", "1.0.0", False, {"sf", "data"}, "", "G10"),
+    ("tile-kernels-1.0.0/cases/mhc.pre_apply_mix-G11-m5.json", "1.0.0", False, None,
+     "InternalError: Check failed: (!use_count_.count(v)) is false: variable i_mhc has been used before definition!",
+     "G11"),
+    ("tile-kernels-1.0.0/cases/moe.expand_to_fused_with_sf-G12-no-token.json", "1.0.0", False, {"out", "sf"}, "",
+     "G12"),
 ]
 
 
@@ -87,6 +104,16 @@ def test_a_case_outside_the_domain_is_not_excused():
     case, failure = _failure(FINDING_CASES[7][0], False, {"data"}, "")
     case.inputs["sf"] = case.inputs["sf"].abs() + 1.0
     assert known.known("2.1.0", case, failure) is None
-    # F12's compile error on a batch that is not empty would be new (its m = 5 case of two tokens passes).
+    # F12's compile error where post_mult is not 0 would be new (m = 5 with post_mult 2 passes, 1 to 3 tokens).
     case, _ = load_case(REPORTS / "tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m5.json")
-    assert known.known("2.1.0", case, Failure("mhc.pre_split_mixes", False, None, "no available layout found")) is None
+    error = "InternalError: Check failed: (has_best) is false: no available layout found"
+    assert known.known("2.1.0", case, Failure("mhc.pre_split_mixes", False, None, error)) is None
+    # G8: the same repeated index on distinct finite scores would be new.
+    case, failure = _failure("tile-kernels-1.0.0/cases/moe.topk_gate-G8-tied-neg-inf.json", False, {"indices"}, "")
+    case.inputs["scores"] = torch.tensor([[0.0, 1.0]])
+    assert known.known("1.0.0", case, failure) is None
+    # G12: unwritten rows when x has tokens would be new.
+    case, failure = _failure("tile-kernels-1.0.0/cases/moe.expand_to_fused_with_sf-G12-no-token.json", False,
+                             {"out"}, "")
+    case.params["num_expanded_rows"] = 0
+    assert known.known("1.0.0", case, failure) is None
