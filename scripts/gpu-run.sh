@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a GPU run of tkverify does on the H200 (through the device tool):
 #   TKVERIFY_COMMIT=<hash> STEPS="precompile pytest report bench" bash scripts/gpu-run.sh [pytest -k expression]
+# (the hash literally: the device's copy of .git may be older than the tree it runs)
 # STEPS (default: all of them but seeds/replay/fuzz) picks among: precompile pytest report bench profile tune
 # mutants memcheck racecheck seeds replay fuzz fuzz-tk suite.  "|" splits STEPS into groups that run side by side (one GPU,
 # 16 cores: the suite is host-bound), e.g. STEPS="precompile pytest | mutants memcheck | seeds"; a group

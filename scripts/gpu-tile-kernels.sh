@@ -2,6 +2,8 @@
 # tkverify against DeepSeek's tile-kernels on the H200, for one bundle (through the device tool):
 #   bash scripts/gpu-tile-kernels.sh main          # tilelang 0.1.15 + tile-kernels 2.1.0
 #   bash scripts/gpu-tile-kernels.sh upstream-v1   # tilelang 0.1.11 + tile-kernels 1.0.0
+# Give the commit literally (TKVERIFY_COMMIT=<hash>): the device's copy of .git may be older than the tree
+# it runs (session 5's runs 11-13 reported c123282-dirty).
 # Env: BUDGET (default 285: seconds for the whole script, setup and tile-kernels' JIT compiles
 # included), TKVERIFY_FUZZ_EXAMPLES (default 60), FINDINGS_SECONDS, REPORT_SECONDS, FUZZ_SECONDS (the
 # steps' caps, default 120, 160, 170), STEPS (default "findings report fuzz found",
