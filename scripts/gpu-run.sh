@@ -7,7 +7,8 @@
 # 16 cores: the suite is host-bound), e.g. STEPS="precompile pytest | mutants memcheck | seeds"; a group
 # that starts with @N sees only GPU N (CUDA_VISIBLE_DEVICES), e.g. STEPS="@0 bench | @1 report".
 # "suite" times `pytest --pyargs tkverify.suite` once per worker count in SUITE_WORKERS (default 2),
-# over the GPUs the group sees, with the GPUs' utilisation logged beside it.
+# over the GPUs the group sees, with the GPUs' utilisation logged beside it (SUITE_TARGET=tests: the whole
+# project suite instead; SUITE_IMPL, default torch,tilelang).
 # Env: TUNE_K picks tune groups by name; TK_IMPL (default all) is pytest's --tk-impl; WORKERS (default 8) pytest -n; SEED passes
 # --hypothesis-seed (the ci profile then draws other examples); SEEDS="1 2 ..." runs tkverify.suite once
 # per seed (SEED_WORKERS each, --tk-impl SEED_IMPL, default torch,tilelang); MUTANT_IMPLS (default "tilelang torch"); MEMCHECK_SECONDS, MEMCHECK_TESTS, MEMCHECK_K,
@@ -85,8 +86,8 @@ run_group() {  # the steps of one group, in this order
       # Which process holds memory on which GPU: the workers' pids, to match against their shards.
       while sleep 2; do nvidia-smi --query-compute-apps=timestamp,pid,gpu_uuid,used_memory --format=csv,noheader; done \
         >"$R/gpu-apps-suite-$tag.csv" 2>/dev/null & local apps=$!
-      step "suite-$tag" timeout -k 10 "${SUITE_SECONDS:-560}" python3 -m pytest --pyargs tkverify.suite \
-        -p no:cacheprovider -q -rfE -n "$n" --tk-impl torch,tilelang --tk-profile ci --tk-report "$R/suite-$tag"
+      step "suite-$tag" timeout -s KILL "${SUITE_SECONDS:-560}" python3 -m pytest ${SUITE_TARGET:---pyargs tkverify.suite} \
+        -p no:cacheprovider -q -rfE -n "$n" --tk-impl "${SUITE_IMPL:-torch,tilelang}" --tk-profile ci --tk-report "$R/suite-$tag"
       kill "$util" "$apps" 2>/dev/null
       step "shards-$tag" python3 -m tkverify.cli shards --merge "$R/suite-$tag"
     done
