@@ -134,7 +134,8 @@ do_count and clamp are runtime arguments; the path depends on npc alone), with o
 weight read per lane and block, and 3 compares per element when counting.  Its wrapper is
 slower: the pos_to_token_topk range check reads pos on the host (docs/DECISIONS.md), a device
 sync, so the call cannot be captured in a CUDA graph and its eager time holds the sync and the
-host work after it (the bench's routed row: 250-334 us eager against ~55 us of kernel).
+host work after it (the bench's routed row: 250-334 us eager, never a graph time; the plain
+call: 55 us in a graph).
 benchmarks.tune's routed group times the call without the check, in a graph.
 
 per_block_cast / per_channel_cast (kernel quant.block_cast)
