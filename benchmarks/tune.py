@@ -5,7 +5,9 @@
     python -m benchmarks.tune OUT.json -k engram   # only the groups whose name contains "engram"
 
 Each group is one call on one shape (DeepSeek-V3's: bf16 16384 x 7168 per-token
-e4m3/128, e2m1/32 and e5m6 whole rows; SwiGLU 16384 x 2 x 2048 e4m3/128; mHC post 16384 x 4 x 7168;
+e4m3/128, e2m1/32 and e5m6 whole rows; SwiGLU 16384 x 2 x 2048 e4m3/128, plain and routed as the
+bench's second SwiGLU shape (pos_to_token_topk, weights, clamp, counts: the wrapper's range check,
+a host sync, runs once outside the timing, so that the call can be captured); mHC post 16384 x 4 x 7168;
 the Engram gate forward and backward at the bench's T 4096, hc 4, H 4096 bf16, inputs and bytes
 as `tkverify.specs.engram` gives them to the bench; the backward's time includes its grad_w reduction).
 For each candidate (`kernels.quant.TOKEN_TUNE_CONFIGS` of that source, dtype and
@@ -57,6 +59,21 @@ def _groups():
         return (lambda: quant.swiglu_forward_and_per_token_cast(x, "e4m3", 128),
                 x.numel() * 2 + TOKENS * SWIGLU_HIDDEN + TOKENS * (SWIGLU_HIDDEN // 128) * 4)
 
+    def swiglu_routed(device):
+        # the bench's routed shape (a tenth of the rows padding, weights through pos, clamp 7, counting);
+        # the wrapper's range check reads pos on the host (a sync: the call cannot be captured), so it
+        # runs once here and the timed call is the rest of the wrapper: the routed kernel's device time
+        from kernels.torch import quant as eager
+        from tkverify.specs import quant as spec
+
+        inputs, params = spec._swiglu_routed_shape(device)
+        x, pos, weights, counts = (inputs[k] for k in ("x", "pos_to_token_topk", "topk_weights", "clamped_count"))
+        hidden, fmt, n, cm, c = eager._check_swiglu_args(x, params["fmt"], params["num_per_channels"], weights, pos,
+                                                         params["clamp"], counts, False, False, False, False, None)
+        return (lambda: quant._swiglu_checked(x, hidden, fmt, n, cm, c, weights, pos, counts, False, False, False,
+                                              False),
+                spec._swiglu_bytes(inputs, params) + x.shape[0] * 8)
+
     def post(device):
         from kernels import mhc
 
@@ -88,6 +105,8 @@ def _groups():
          cast("e5m6", HIDDEN, 1.5)),
         (f"swiglu_forward_and_per_token_cast bf16 {TOKENS}x2x{SWIGLU_HIDDEN} e4m3/128",
          ("swiglu", "bfloat16", "e4m3", 0), swiglu),
+        (f"swiglu_forward_and_per_token_cast routed bf16 {TOKENS}x2x{SWIGLU_HIDDEN} e4m3/128 weights clamp count "
+         "(range check outside the timing)", ("swiglu", "bfloat16", "e4m3", 0), swiglu_routed),
         (f"mhc.post bf16 1x{TOKENS}x{MHC_M}x{HIDDEN}", ("post", True, 4), post),
         (f"engram.gate_fwd bf16 T{ENGRAM_TOKENS} hc{ENGRAM_HEADS} H{ENGRAM_HIDDEN}", ("engram_fwd", ENGRAM_HIDDEN),
          engram_gate(False)),

@@ -129,6 +129,14 @@ read, y = 0 (codes +0, the sf of a zero block), not counted.  The clamp counts
 (l > c, r > c, r < -c, before clamping) are per-thread int32, summed over the
 warp and added to the int64 clamped_count with one atomicAdd per warp and
 counter (int64 all the way, so no count can overflow).
+The routed call runs the same compiled kernel and path as the plain one (has_pos, has_w,
+do_count and clamp are runtime arguments; the path depends on npc alone), with one pos and one
+weight read per lane and block, and 3 compares per element when counting.  Its wrapper is
+slower: the pos_to_token_topk range check reads pos on the host (docs/DECISIONS.md), a device
+sync, so the call cannot be captured in a CUDA graph and its eager time holds the sync and the
+host work after it (the bench's routed row: 250-334 us eager, never a graph time; the plain
+call: 55 us in a graph).
+benchmarks.tune's routed group times the call without the check, in a graph.
 
 per_block_cast / per_channel_cast (kernel quant.block_cast)
 -----------------------------------------------------------
@@ -1901,6 +1909,15 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
                                                      use_tma_aligned_col_major_sf, clamp_min)
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
+    return _swiglu_checked(x, hidden, fmt, n, cm, c, topk_weights, pos_to_token_topk, clamped_count, round_sf,
+                           use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf)
+
+
+def _swiglu_checked(x, hidden, fmt, n, cm, c, topk_weights, pos_to_token_topk, clamped_count, round_sf, use_ue8m0,
+                    use_packed_ue8m0, use_tma_aligned_col_major_sf):
+    """swiglu_forward_and_per_token_cast after its argument checks.  Those read pos_to_token_topk's
+    range on the host (a device sync, uncapturable): benchmarks.tune times this part alone in a CUDA
+    graph, the routed kernel's device time, with the checks run once outside the timing."""
     device = x.device
     num_rows = x.shape[0]
     sf = _new_sf(num_rows, hidden // n, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, device)

@@ -10,9 +10,10 @@ import torch
 from tkverify import bench, cli, registry
 
 
-def _row(op, impl, time_us, kernel_us=None, shape="s", nbytes=4_200_000, target=0.9, flops=None):
-    return {"op": op, "shape": shape, "impl": impl, "bytes": nbytes, "time_us": time_us, "kernel_us": kernel_us,
-            "target": target, "flops": flops}
+def _row(op, impl, time_us, kernel_us=None, shape="s", nbytes=4_200_000, target=0.9, flops=None, graph_error=None):
+    row = {"op": op, "shape": shape, "impl": impl, "bytes": nbytes, "time_us": time_us, "kernel_us": kernel_us,
+           "target": target, "flops": flops}
+    return dict(row, graph_error=graph_error) if graph_error else row
 
 
 def _doc(rows, tk_version="2.1.0", copy=4.2, commit="abc"):
@@ -112,6 +113,18 @@ def test_markdown_shows_errors_misses_and_unavailable():
     assert "error: RuntimeError: boom" in md
     assert "**no**" in md  # 20% of copy against a 90% target
     assert "- op [s] tile_kernels: not installed" in md
+
+
+def test_summary_marks_an_uncapturable_rows_eager_time():
+    # swiglu with pos_to_token_topk syncs in its range check: its eager time (334 us, host-bound)
+    # once read as a kernel time 6x the plain call's
+    doc = _doc([_row("op", "tilelang", 334.3, graph_error="AcceleratorError: capture invalidated"),
+                _row("op", "torch", 5.0, kernel_us=4.0), _row("op2", "tilelang", 2.0)])
+    md = bench.render_markdown(bench.derive(doc))
+    assert "| op | s | 334.3* (0%) | 4.0 (25%) |" in md
+    assert "| op2 | s | 2.0 (50%) |" in md  # no graph timing asked for: not marked
+    assert "\\* eager time, not a kernel time" in md
+    assert "\\* eager" not in bench.render_markdown(bench.derive(_doc([_row("op", "tilelang", 2.0)])))
 
 
 def test_cli_merge_writes_json_and_markdown(tmp_path):

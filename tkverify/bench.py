@@ -367,8 +367,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
             elif "error" in r:
                 cells.append("error")
             else:
-                cells.append(f"{best_time_us(r):.1f} ({r['of_copy']:.0%})")
+                # a call that could not be captured has no kernel time: its eager time (host work and
+                # any sync inside the call included) must not read as one
+                eager_only = "*" if r.get("graph_error") and not r.get("kernel_us") else ""
+                cells.append(f"{best_time_us(r):.1f}{eager_only} ({r['of_copy']:.0%})")
         lines.append(f"| {op} | {shape} | " + " | ".join(cells) + " |")
+    if any(r.get("graph_error") and not r.get("kernel_us") for r in rows if "error" not in r):
+        lines += ["", "\\* eager time, not a kernel time: the call cannot be captured in a CUDA graph (see its "
+                  "notes below), so the time includes the call's host work and any device sync inside it."]
     lines += ["", "## Every row", "",
               "| op | shape | impl | time us | kernel us | TB/s | of copy | of write | TFLOP/s | target | met | "
               "vs tile_kernels | notes (from these measurements) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
