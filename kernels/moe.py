@@ -132,6 +132,7 @@ per-lane checks that block vectorization).
 
 # No `from __future__ import annotations` here: tilelang evaluates the
 # prim_func parameter annotations, which name the builders' local symbolic sizes.
+import functools
 import math
 import struct
 from typing import NamedTuple
@@ -654,6 +655,11 @@ EXPAND_UNITS = (16, 4, 2, 1)  # bytes moved per thread access
 class ExpandConfig(NamedTuple):
     stage: str  # "map", "rows" or "sf_columns"
     width: int  # rows: bytes per unit (16, 4, 2, 1); sf_columns: sf element bytes (4, 1); map: 0
+    # Tuning knobs of the row kernel (the defaults are the shipped kernel; see EXPAND_TUNE_CONFIGS):
+    threads: int = EXPAND_THREADS  # threads of a CTA
+    units: int = 1  # units a thread loads (all in flight) before it stores them: a tile is threads * units
+    streaming: bool = False  # out (rows and padding zeros) stored with st.global.cs (16-byte units only)
+    resident: int = 0  # > 0: persistent grid of `resident` CTAs an SM, each walking the logical blocks
 
 
 EXPAND_CONFIGS = (
@@ -661,6 +667,42 @@ EXPAND_CONFIGS = (
     + tuple(ExpandConfig("rows", unit) for unit in EXPAND_UNITS)
     + tuple(ExpandConfig("sf_columns", width) for width in (4, 1))
 )
+
+# Candidates benchmarks/tune.py times against the shipped 16-byte row kernel (the bench's
+# T 16384, K 8, H 7168 bf16: rows of 896 units, a write-bound scatter, 1 byte read for 9 moved).
+# Bitwise equal by construction: every out byte is one x byte or a padding zero, whoever stores it.
+EXPAND_TUNE_CONFIGS = (
+    # 2 loads in flight a thread and half the CTAs (a tile of 256 units): a gentle step from shipped
+    ExpandConfig("rows", 16, units=2),
+    # one CTA a whole row (1024-unit tile >= 896): 4 loads in flight, 1/7 the CTAs, and each CTA
+    # writes its K rows of 14 KiB start to end (long DRAM write runs, fewer CTA launches)
+    ExpandConfig("rows", 16, threads=256, units=4),
+    # out is written once and never read here: evict-first stores leave L2 to the write-back stream
+    ExpandConfig("rows", 16, streaming=True),
+    ExpandConfig("rows", 16, threads=256, units=4, streaming=True),
+    # persistent whole-row CTAs (4 of 256 threads an SM, grid-stride): no CTA launch or teardown
+    # between tokens, and the padding blocks at the end are shared out across every SM
+    ExpandConfig("rows", 16, threads=256, units=4, resident=4),
+)
+# The shipped configuration -> the configuration to use instead (any of EXPAND_TO_FUSED.configs with
+# the same stage and width), set by a tuning run.
+EXPAND_OVERRIDES: dict[ExpandConfig, ExpandConfig] = {}
+
+# Only the tuning candidates with streaming stores use it (the shipped kernels have no prelude).
+EXPAND_PRELUDE = r"""
+#ifndef TKX_EXPAND_PRELUDE
+#define TKX_EXPAND_PRELUDE
+// Four 32-bit words to a 16-byte aligned global address, evict-first (st.global.cs).
+__device__ __forceinline__ void tkx_store16_cs(void* dst, int a, int b, int c, int d) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.global.cs.v4.s32 [%0], {%1, %2, %3, %4};"
+               :: "l"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+#else
+  *(int4*)dst = make_int4(a, b, c, d);
+#endif
+}
+#endif
+"""
 
 
 def _build_expand_map():
@@ -738,6 +780,99 @@ def _build_expand_rows(unit: int):
     return expand_rows
 
 
+def _build_expand_rows_tuned(config: ExpandConfig):
+    """The row kernel with tuning knobs (EXPAND_TUNE_CONFIGS); the same bytes as _build_expand_rows.
+
+    A tile is threads * units consecutive units; thread tx loads units tile_start + j * threads + tx
+    (j < units, coalesced for each j), all before its first store.  Padding logical block p zeroes
+    tile p % tiles of the rows [32 (p // tiles), + 32) that no pair reaches.  With `resident`, the
+    grid is num_blocks CTAs (a whole wave) and CTA b takes logical blocks b, b + num_blocks, ...
+    """
+    T = _tilelang.T()
+    unit, threads, units, streaming, resident = (config.width, config.threads, config.units, config.streaming,
+                                                 config.resident)
+    assert config.stage == "rows" and (unit == 16 or not streaming), config
+    raw = "int32" if unit == 16 else RAW_DTYPES[unit]
+    lanes = 4 if unit == 16 else 1
+    span = threads * units  # units of a tile
+    num_tokens, num_units, num_rows, num_slots = T.dynamic("num_tokens, num_units, num_rows, num_slots")
+
+    @T.macro
+    def move(x, token_topk_to_pos, row_src, out, positions, unit_bits, logical, tx, token_blocks, total, tiles):
+        """Logical block `logical`: a token block's tile, or a padding block's (block-uniform branches)."""
+        if logical < token_blocks:
+            token = T.truncdiv(logical, tiles)
+            first_unit = T.Cast("int32", T.truncmod(logical, tiles)) * span + tx
+            for j in T.unroll(units):
+                if first_unit + j * threads < num_units:
+                    for v in T.vectorized(lanes):
+                        unit_bits[j * lanes + v] = x[token, (first_unit + j * threads) * lanes + v]
+            if resident:
+                T.sync_threads()  # the previous logical block's stores have read `positions`
+            if tx < num_slots:
+                positions[tx] = token_topk_to_pos[token, tx]
+            T.sync_threads()
+            for k in T.serial(num_slots):
+                if positions[k] >= 0 and positions[k] < num_rows:
+                    for j in T.unroll(units):
+                        if first_unit + j * threads < num_units:
+                            if streaming:
+                                T.call_extern("handle", "tkx_store16_cs",
+                                              T.address_of(out[positions[k], (first_unit + j * threads) * 4]),
+                                              unit_bits[j * 4], unit_bits[j * 4 + 1], unit_bits[j * 4 + 2],
+                                              unit_bits[j * 4 + 3])
+                            else:
+                                for v in T.vectorized(lanes):
+                                    out[positions[k], (first_unit + j * threads) * lanes + v] = unit_bits[j * lanes + v]
+        elif logical < total:
+            # Padding block: one tile of the rows [first, first + PAD_ROWS) that no pair reaches.
+            pad = logical - token_blocks
+            first = T.truncdiv(pad, tiles) * PAD_ROWS
+            first_unit = T.Cast("int32", T.truncmod(pad, tiles)) * span + tx
+            for r in T.unroll(PAD_ROWS):
+                if first + r < num_rows:
+                    if row_src[first + r] < 0:
+                        for j in T.unroll(units):
+                            if first_unit + j * threads < num_units:
+                                if streaming:
+                                    T.call_extern("handle", "tkx_store16_cs",
+                                                  T.address_of(out[first + r, (first_unit + j * threads) * 4]),
+                                                  0, 0, 0, 0)
+                                else:
+                                    for v in T.vectorized(lanes):
+                                        out[first + r, (first_unit + j * threads) * lanes + v] = T.Cast(raw, 0)
+
+    @T.prim_func
+    def expand_rows(
+        x: T.Tensor((num_tokens, num_units * lanes), raw),
+        token_topk_to_pos: T.Tensor((num_tokens, num_slots), "int32"),
+        row_src: T.Tensor((num_rows,), "int32"),
+        out: T.Tensor((num_rows, num_units * lanes), raw),
+        num_blocks: T.int32,
+        block_offset: T.int64,
+    ):
+        T.annotate_pass_configs(PASS_CONFIGS)
+        tiles = T.ceildiv(num_units, span)
+        token_blocks = T.Cast("int64", num_tokens) * tiles
+        total = token_blocks + T.ceildiv(T.Cast("int64", num_rows), PAD_ROWS) * tiles
+        with T.Kernel(num_blocks, threads=threads, prelude=EXPAND_PRELUDE if streaming else None) as block:
+            if resident:
+                T.annotate_min_blocks_per_sm(resident)
+            tx = T.get_thread_binding()
+            positions = T.alloc_shared((MAX_K,), "int32")
+            unit_bits = T.alloc_local((units * lanes,), raw)
+            start = T.alloc_var("int64", init=block_offset + block)
+            if resident:
+                # one wave of CTAs: CTA b takes logical blocks b, b + num_blocks, b + 2 num_blocks, ...
+                for step in T.serial(T.Cast("int32", T.truncdiv(total - start + num_blocks - 1, num_blocks))):
+                    move(x, token_topk_to_pos, row_src, out, positions, unit_bits,
+                         start + T.Cast("int64", step) * num_blocks, tx, token_blocks, total, tiles)
+            else:
+                move(x, token_topk_to_pos, row_src, out, positions, unit_bits, start, tx, token_blocks, total, tiles)
+
+    return expand_rows
+
+
 def _build_expand_sf_columns(width: int):
     T = _tilelang.T()
     raw = RAW_DTYPES[width]
@@ -776,11 +911,13 @@ def build_expand(config: ExpandConfig):
     if config.stage == "map":
         return _build_expand_map()
     if config.stage == "rows":
-        return _build_expand_rows(config.width)
+        if config == ExpandConfig("rows", config.width):
+            return _build_expand_rows(config.width)  # the shipped kernel
+        return _build_expand_rows_tuned(config)
     return _build_expand_sf_columns(config.width)
 
 
-EXPAND_TO_FUSED = KernelDef("moe.expand_to_fused", build_expand, EXPAND_CONFIGS)
+EXPAND_TO_FUSED = KernelDef("moe.expand_to_fused", build_expand, EXPAND_CONFIGS + EXPAND_TUNE_CONFIGS)
 
 
 def _check_expand_args(x, token_topk_to_pos, num_expanded_rows, x_sf) -> int:
@@ -809,14 +946,32 @@ def _expand_rows(src: torch.Tensor, token_topk_to_pos: torch.Tensor, row_src: to
                  out: torch.Tensor, target) -> None:
     """out[pos] = src[t] for the pairs, zero rows where row_src < 0 (src, out row-major contiguous)."""
     unit = _row_unit(src, out)
-    kernel = _tilelang.compiled_kernel(EXPAND_TO_FUSED, ExpandConfig("rows", unit), target)
+    config = expand_rows_config(unit)
+    kernel = _tilelang.compiled_kernel(EXPAND_TO_FUSED, config, target)
     num_units = src.shape[1] * src.element_size() // unit
     if num_units * (4 if unit == 16 else 1) > _tilelang.MAX_DIM:
         raise ValueError(f"x: rows of {src.shape[1] * src.element_size()} bytes are too long for this alignment "
                          f"(at most {_tilelang.MAX_DIM} units of {unit} bytes)")
-    tiles = _ceildiv(num_units, EXPAND_THREADS)
+    tiles = _ceildiv(num_units, config.threads * config.units)
     total = (src.shape[0] + _ceildiv(out.shape[0], PAD_ROWS)) * tiles
-    _tilelang.launch_in_pieces(kernel, total, _as_units(src, unit), token_topk_to_pos, row_src, _as_units(out, unit))
+    args = (_as_units(src, unit), token_topk_to_pos, row_src, _as_units(out, unit))
+    if config.resident:  # one wave of persistent CTAs walks every logical block
+        grid = min(total, _multiprocessors(src.device.index or 0) * config.resident)
+        kernel(*args, grid, 0)
+    else:
+        _tilelang.launch_in_pieces(kernel, total, *args)
+
+
+def expand_rows_config(unit: int) -> ExpandConfig:
+    """The row kernel's configuration for `unit`: the shipped one, unless a tuning run overrides it
+    (EXPAND_OVERRIDES)."""
+    shipped = ExpandConfig("rows", unit)
+    return EXPAND_OVERRIDES.get(shipped, shipped)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _expand_sf_columns(x_sf: torch.Tensor, row_src: torch.Tensor, num_rows: int, target) -> torch.Tensor:
