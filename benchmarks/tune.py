@@ -1,4 +1,4 @@
-"""Time candidate static configurations of the per-token cast, mHC post and Engram gate kernels against the shipped ones.
+"""Time candidate static configurations of the per-token cast, mHC post, Engram gate and MoE expand kernels against the shipped ones.
 
     python -m benchmarks.tune OUT.json            # on a CUDA machine
     python -m benchmarks.tune --precompile         # here: compile every config it will time (sm_90)
@@ -9,12 +9,16 @@ e4m3/128, e2m1/32 and e5m6 whole rows; SwiGLU 16384 x 2 x 2048 e4m3/128, plain a
 bench's second SwiGLU shape (pos_to_token_topk, weights, clamp, counts: the wrapper's range check,
 a host sync, runs once outside the timing, so that the call can be captured); mHC post 16384 x 4 x 7168;
 the Engram gate forward and backward at the bench's T 4096, hc 4, H 4096 bf16, inputs and bytes
-as `tkverify.specs.engram` gives them to the bench; the backward's time includes its grad_w reduction).
+as `tkverify.specs.engram` gives them to the bench; the backward's time includes its grad_w reduction;
+moe.expand_to_fused at the bench's T 16384, K 8, H 7168 bf16, inputs and bytes as `tkverify.specs.moe`
+gives them to the bench, the time including the row map kernel).
 For each candidate (`kernels.quant.TOKEN_TUNE_CONFIGS` of that source, dtype and
 format, `kernels.mhc.POST_TUNE_CONFIGS` of that padded m, `kernels.engram.FWD_TUNE_CONFIGS` /
-`BWD_TUNE_CONFIGS` of the shipped configuration's thread count) the wrapper is pointed
+`BWD_TUNE_CONFIGS` of the shipped configuration's thread count, `kernels.moe.EXPAND_TUNE_CONFIGS`
+of the row kernel's 16-byte unit) the wrapper is pointed
 at it through `kernels.quant.TOKEN_OVERRIDES` / `kernels.mhc.POST_OVERRIDES` /
-`kernels.engram.FWD_OVERRIDES` / `BWD_OVERRIDES` (keyed by the shipped configuration), its outputs
+`kernels.engram.FWD_OVERRIDES` / `BWD_OVERRIDES` / `kernels.moe.EXPAND_OVERRIDES` (keyed by the
+shipped configuration), its outputs
 are compared byte for byte with the shipped configuration's on the timed input
 (a candidate that changes a single byte is disqualified), and it is timed twice:
 eagerly (CUDA events around the call) and replayed from a CUDA graph (the
@@ -37,6 +41,7 @@ TOKENS, HIDDEN, SWIGLU_HIDDEN = 16384, 7168, 2048
 MHC_M = 4
 # the bench's Engram shape (tkverify.specs.engram.BENCH_*), repeated here to name the groups
 ENGRAM_TOKENS, ENGRAM_HEADS, ENGRAM_HIDDEN = 4096, 4, 4096
+EXPAND_SLOTS = 8  # the bench's MoE top-k (tkverify.specs.moe), repeated here to name the group
 
 
 def _groups():
@@ -98,6 +103,14 @@ def _groups():
             return lambda: engram.engram_gate_fwd(**inputs, **params), spec.bench_forward_bytes(inputs, params)
         return make
 
+    def expand(device):
+        from kernels import moe
+        from tkverify.specs import moe as spec
+
+        (shape,) = spec.BENCH["moe.expand_to_fused"]
+        inputs, params = shape.make(device)
+        return lambda: moe.expand_to_fused(**inputs, **params), shape.nbytes(inputs, params)
+
     return [
         (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e4m3/128", ("x", "bfloat16", "e4m3", 0), cast("e4m3", 128, 1.0)),
         (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e2m1/32", ("x", "bfloat16", "e2m1", 0), cast("e2m1", 32, 0.5)),
@@ -112,14 +125,18 @@ def _groups():
          engram_gate(False)),
         (f"engram.gate_bwd bf16 T{ENGRAM_TOKENS} hc{ENGRAM_HEADS} H{ENGRAM_HIDDEN}",
          ("engram_bwd", ENGRAM_HIDDEN, ENGRAM_HEADS), engram_gate(True)),
+        (f"moe.expand_to_fused bf16 T{TOKENS} K{EXPAND_SLOTS} H{HIDDEN}", ("expand", 16), expand),
     ]
 
 
 def candidates(key):
     """The shipped configuration of `key`, then every tuning candidate of its source, dtype and format
     (for mHC post: of its vectorisation and padded m)."""
-    from kernels import engram, mhc, quant
+    from kernels import engram, mhc, moe, quant
 
+    if key[0] == "expand":  # the row kernel of that unit; candidates of the same unit
+        default = moe.expand_rows_config(key[1])
+        return [default] + [c for c in moe.EXPAND_TUNE_CONFIGS if c.width == key[1] and c != default]
     if key[0] == "post":
         default = mhc.post_config(*key[1:])
         return [default] + [c for c in mhc.POST_TUNE_CONFIGS if tuple(c[:2]) == key[1:] and c != default]
@@ -134,22 +151,27 @@ def candidates(key):
 
 
 def _kernel_of(key):
-    from kernels import engram, mhc, quant
+    from kernels import engram, mhc, moe, quant
 
-    return {"post": mhc.POST, "engram_fwd": engram.GATE_FWD, "engram_bwd": engram.GATE_BWD}.get(key[0], quant.TOKEN_CAST)
+    return {"post": mhc.POST, "engram_fwd": engram.GATE_FWD, "engram_bwd": engram.GATE_BWD,
+            "expand": moe.EXPAND_TO_FUSED}.get(key[0], quant.TOKEN_CAST)
 
 
 def _support_kernels(key):
     """(kernel, config) pairs a group's call launches besides the tuned one (compiled by --precompile too)."""
-    from kernels import engram
+    from kernels import engram, moe
 
+    if key[0] == "expand":  # row_src's map kernel
+        return [(moe.EXPAND_TO_FUSED, moe.ExpandConfig("map", 0))]
     return [(engram.GRAD_W_REDUCE, engram.ReduceConfig())] if key[0] == "engram_bwd" else []
 
 
 def _overrides(key):
     """The override table of `key`'s kernel and the key into it."""
-    from kernels import engram, mhc, quant
+    from kernels import engram, mhc, moe, quant
 
+    if key[0] == "expand":  # keyed by the shipped row configuration of the unit
+        return moe.EXPAND_OVERRIDES, moe.ExpandConfig("rows", key[1])
     if key[0] in ("engram_fwd", "engram_bwd"):  # keyed by the shipped configuration of H
         return (engram.FWD_OVERRIDES if key[0] == "engram_fwd" else engram.BWD_OVERRIDES,
                 engram.config_for_hidden(key[1]))

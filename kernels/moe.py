@@ -93,6 +93,11 @@ Moving bits, as raw integers:
    Static configuration: the unit moved per thread access: 16 bytes (as
    int32x4) when the row length in bytes and x's address are multiples of 16,
    else 4, 2 or 1 bytes (the largest that divides both).
+   Tuning candidates of the 16-byte kernel (`EXPAND_TUNE_CONFIGS`, not used unless
+   `EXPAND_OVERRIDES` names one; benchmarks/tune.py times them): a tile of threads * units
+   units, each thread loading its `units` before storing them; evict-first (st.global.cs)
+   stores to out; a persistent grid that walks the logical blocks.  Padding logical blocks
+   there take one tile of their 32 rows each.  The bytes stored are the same.
 3. sf rows: a row-major x_sf is one more call of the row kernel (it is a
    (T, G) matrix like x).  A TMA-aligned column-major x_sf goes through a
    gather kernel that walks out_sf's storage in order (coalesced stores):

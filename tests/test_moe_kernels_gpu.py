@@ -238,6 +238,43 @@ def test_expand_to_fused_without_rows(moe):
         assert got[1].stride() == want[1].stride()
 
 
+# (dtype, T, K, H, position layout): rows of 896 units (the bench's), tails of a 256-, 512- and 1024-unit
+# tile (125, 250, 1025 units), a single token, and more logical blocks than a persistent wave
+EXPAND_TUNE_CASES = [
+    (torch.bfloat16, 1, 8, 7168, "mapping"),
+    (torch.bfloat16, 333, 8, 7168, "scattered"),
+    (torch.bfloat16, 129, 9, 1000, "mapping"),
+    (torch.float32, 300, 32, 1000, "scattered"),
+    (torch.bfloat16, 65, 3, 8200, "mapping"),
+    (torch.bfloat16, 2049, 8, 7168, "mapping"),
+]
+
+
+@pytest.mark.parametrize("case", EXPAND_TUNE_CASES,
+                         ids=["-".join(str(v).replace("torch.", "") for v in c) for c in EXPAND_TUNE_CASES])
+def test_expand_tuning_candidates_give_the_shipped_bits(moe, case):
+    """Every row-kernel configuration a tuning run may time (kernels.moe.EXPAND_TUNE_CONFIGS) returns
+    the shipped configuration's bits: out, padding rows, and a row-major sf moved by the same kernel."""
+    dtype, num_tokens, k, hidden, layout = case
+    g = _generator(12)
+    pos, num_rows = positions(layout, num_tokens, k, g)
+    x = random_bits((num_tokens, hidden), dtype, g).cuda()
+    sf = random_bits((num_tokens, 4), torch.float32, g).cuda()  # 16-byte rows: the 16-byte row kernel too
+    pos = pos.cuda()
+    want, want_sf = moe.expand_to_fused(x, pos, num_rows, sf)
+    assert_same_bits(want, eager.expand_to_fused(x, pos, num_rows), "shipped out")
+    shipped = moe.ExpandConfig("rows", 16)
+    for config in moe.EXPAND_TUNE_CONFIGS:
+        moe.EXPAND_OVERRIDES[shipped] = config
+        try:
+            assert moe.expand_rows_config(16) == config
+            got, got_sf = moe.expand_to_fused(x, pos, num_rows, sf)
+        finally:
+            moe.EXPAND_OVERRIDES.clear()
+        assert_same_bits(got, want, f"{config} out")
+        assert_same_bits(got_sf, want_sf, f"{config} out_sf")
+
+
 # (x dtype, sf dtype, T, K, H, G, sf layout, position layout)
 EXPAND_SF_CASES = [
     (torch.float8_e4m3fn, torch.float32, 257, 8, 7168, 56, "row_major", "mapping"),
@@ -390,9 +427,14 @@ def _vector_accesses(source: str) -> int:
 def test_vectorized_configs_use_16_byte_accesses(tilelang_only):
     """Vectorization failing is only a warning in tilelang; the bandwidth depends on it."""
     for config, source in _sources("moe.expand_to_fused").items():
-        if config.stage == "rows" and config.width == 16:
+        if config.stage == "rows" and config.width == 16 and config.streaming:
+            # the row load; the stores go through the evict-first helper (slot rows, padding zeros)
+            body = source.split('extern "C" __global__')[-1]  # the kernel's definition, not the helper
+            assert _vector_accesses(body) >= 1 and body.count("tkx_store16_cs(") >= 2, (config, source)
+            assert "st.global.cs.v4" in source, (config, source)
+        elif config.stage == "rows" and config.width == 16:
             # the row load, the stores to each slot's row, the padding rows' zeros
-            assert _vector_accesses(source) >= 3, source
+            assert _vector_accesses(source) >= 3, (config, source)
     for config, source in _sources("moe.reduce_fused").items():
         if config.vectorized:
             assert _vector_accesses(source) >= 2, (config, source)  # row loads, output store
