@@ -98,6 +98,26 @@ def pass_configs_of(func) -> dict[str, Any]:
     return {}
 
 
+# One 16-byte store with st.global.cs (evict-first: data written once and not read again should not
+# push out of L2 what other CTAs still read). The kernels that offer it as a tuning knob put this in
+# their prelude and call STORE16_STREAM(dst, src) through T.call_extern; both addresses 16-byte aligned.
+STORE16_STREAM = "tk_store16_stream"
+STORE16_STREAM_PRELUDE = r"""
+#ifndef TK_STORE16_STREAM
+#define TK_STORE16_STREAM
+__device__ __forceinline__ void tk_store16_stream(void* dst, const void* src) {
+  uint4 v = *(const uint4*)src;
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
+               :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#else
+  *(uint4*)dst = v;
+#endif
+}
+#endif
+"""
+
+
 def lower_to_cuda(func, target: dict[str, str] = SM90) -> str:
     """CUDA source of a prim_func for `target`; needs no GPU.
 

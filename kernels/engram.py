@@ -160,21 +160,7 @@ REDUCE_WARPS = REDUCE_THREADS // WARP
 REDUCE_COLUMNS = WARP * 4  # grad_w elements a reduce CTA takes (a float4 per lane)
 
 # Only the tuning candidates with streaming stores use it (the shipped kernels have no prelude).
-PRELUDE = r"""
-#ifndef TKE_PRELUDE
-#define TKE_PRELUDE
-// 16 bytes (both 16-byte aligned) stored with st.global.cs: written once, evicted first from L2.
-__device__ __forceinline__ void tke_store16_stream(void* dst, const void* src) {
-  uint4 v = *(const uint4*)src;
-#if defined(__CUDA_ARCH__)
-  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
-               :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-#else
-  *(uint4*)dst = v;
-#endif
-}
-#endif
-"""
+PRELUDE = _tilelang.STORE16_STREAM_PRELUDE
 
 
 class GateConfig(NamedTuple):
@@ -386,7 +372,7 @@ def build_gate_fwd(config: GateConfig):
             for e in T.unroll(CHUNK):
                 ov[e] = T.Cast("bfloat16", xv[e] + gate * vv[e])
             if streaming:
-                T.call_extern("handle", "tke_store16_stream", T.address_of(out[t, h, tx * CHUNK]),
+                T.call_extern("handle", _tilelang.STORE16_STREAM, T.address_of(out[t, h, tx * CHUNK]),
                               T.address_of(ov[0]))
             else:
                 for e in T.vectorized(CHUNK):
@@ -580,8 +566,8 @@ def build_gate_bwd(config: GateConfig):
                     gvacc[2 * p + half] = gvacc[2 * p + half] + ge * sc[1]
                     pw[2 * p + half] = (gd * xe) * ke
             if streaming:
-                T.call_extern("handle", "tke_store16_stream", T.address_of(grad_x[base * CHUNK]), T.address_of(ox[0]))
-                T.call_extern("handle", "tke_store16_stream", T.address_of(grad_k[base * CHUNK]), T.address_of(ok[0]))
+                T.call_extern("handle", _tilelang.STORE16_STREAM, T.address_of(grad_x[base * CHUNK]), T.address_of(ox[0]))
+                T.call_extern("handle", _tilelang.STORE16_STREAM, T.address_of(grad_k[base * CHUNK]), T.address_of(ok[0]))
             else:
                 for e in T.vectorized(CHUNK):
                     grad_x[base * CHUNK + e] = ox[e]
@@ -595,7 +581,7 @@ def build_gate_bwd(config: GateConfig):
                 for e in T.unroll(CHUNK):
                     ox[e] = T.Cast("bfloat16", gvacc[e])
                 if streaming:
-                    T.call_extern("handle", "tke_store16_stream",
+                    T.call_extern("handle", _tilelang.STORE16_STREAM,
                                   T.address_of(grad_v[(T.Cast("int64", tok) * hv + tx) * CHUNK]), T.address_of(ox[0]))
                 else:
                     for e in T.vectorized(CHUNK):

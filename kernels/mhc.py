@@ -137,18 +137,8 @@ __device__ __forceinline__ float tkm_rcp(float x) {
   return 1.0f / x;
 #endif
 }
-// 16 bytes (dst 16-byte aligned) stored with st.global.cs: written once, evicted first from L2.
-__device__ __forceinline__ void tkm_store16_stream(void* dst, const void* src) {
-  uint4 v = *(const uint4*)src;
-#if defined(__CUDA_ARCH__)
-  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};"
-               :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-#else
-  *(uint4*)dst = v;
 #endif
-}
-#endif
-"""
+""" + _tilelang.STORE16_STREAM_PRELUDE
 
 
 def _padded(m: int) -> int:
@@ -589,7 +579,7 @@ def build_post(config: PostConfig):
         if streaming:
             for k in T.vectorized(vec):
                 packed[k] = T.Cast("bfloat16", acc[k])
-            T.call_extern("handle", "tkm_store16_stream", T.address_of(out[token, n, v * vec]),
+            T.call_extern("handle", _tilelang.STORE16_STREAM, T.address_of(out[token, n, v * vec]),
                           T.address_of(packed[0]))
         else:
             for k in T.vectorized(vec):

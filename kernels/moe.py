@@ -694,20 +694,7 @@ EXPAND_TUNE_CONFIGS = (
 EXPAND_OVERRIDES: dict[ExpandConfig, ExpandConfig] = {}
 
 # Only the tuning candidates with streaming stores use it (the shipped kernels have no prelude).
-EXPAND_PRELUDE = r"""
-#ifndef TKX_EXPAND_PRELUDE
-#define TKX_EXPAND_PRELUDE
-// Four 32-bit words to a 16-byte aligned global address, evict-first (st.global.cs).
-__device__ __forceinline__ void tkx_store16_cs(void* dst, int a, int b, int c, int d) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("st.global.cs.v4.s32 [%0], {%1, %2, %3, %4};"
-               :: "l"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-#else
-  *(int4*)dst = make_int4(a, b, c, d);
-#endif
-}
-#endif
-"""
+EXPAND_PRELUDE = _tilelang.STORE16_STREAM_PRELUDE
 
 
 def _build_expand_map():
@@ -822,10 +809,9 @@ def _build_expand_rows_tuned(config: ExpandConfig):
                     for j in T.unroll(units):
                         if first_unit + j * threads < num_units:
                             if streaming:
-                                T.call_extern("handle", "tkx_store16_cs",
+                                T.call_extern("handle", _tilelang.STORE16_STREAM,
                                               T.address_of(out[positions[k], (first_unit + j * threads) * 4]),
-                                              unit_bits[j * 4], unit_bits[j * 4 + 1], unit_bits[j * 4 + 2],
-                                              unit_bits[j * 4 + 3])
+                                              T.address_of(unit_bits[j * 4]))
                             else:
                                 for v in T.vectorized(lanes):
                                     out[positions[k], (first_unit + j * threads) * lanes + v] = unit_bits[j * lanes + v]
@@ -834,15 +820,18 @@ def _build_expand_rows_tuned(config: ExpandConfig):
             pad = logical - token_blocks
             first = T.truncdiv(pad, tiles) * PAD_ROWS
             first_unit = T.Cast("int32", T.truncmod(pad, tiles)) * span + tx
+            if streaming:  # the zeros the streaming store copies (a padding block loads no row)
+                for v in T.vectorized(lanes):
+                    unit_bits[v] = T.Cast(raw, 0)
             for r in T.unroll(PAD_ROWS):
                 if first + r < num_rows:
                     if row_src[first + r] < 0:
                         for j in T.unroll(units):
                             if first_unit + j * threads < num_units:
                                 if streaming:
-                                    T.call_extern("handle", "tkx_store16_cs",
+                                    T.call_extern("handle", _tilelang.STORE16_STREAM,
                                                   T.address_of(out[first + r, (first_unit + j * threads) * 4]),
-                                                  0, 0, 0, 0)
+                                                  T.address_of(unit_bits[0]))
                                 else:
                                     for v in T.vectorized(lanes):
                                         out[first + r, (first_unit + j * threads) * lanes + v] = T.Cast(raw, 0)

@@ -307,7 +307,7 @@ def test_generated_cuda_uses_16_byte_vectors_and_accurate_maths(tilelang_only):
                 assert body.count("cp_async_gs<16>(") == 2 * len(loads), f"{kernel.name} {config}: prologue + loop"
             for name in stores:
                 # a plain 16-byte vector store, or st.global.cs of 16 bytes (a tuning candidate's streaming stores)
-                store = f"tke_store16_stream((&({name}[" if config.streaming else f"*(uint4*)({name} + "
+                store = f"{_tilelang.STORE16_STREAM}((&({name}[" if config.streaming else f"*(uint4*)({name} + "
                 assert store in body, f"{kernel.name} {config}: {name} not written as 16-byte vectors"
             assert "*(float4*)(w + " in body, f"{kernel.name} {config}: w not read as float4"
             for fast in ("__expf", "__fdividef", "__fsqrt", "__frsqrt"):

@@ -430,7 +430,9 @@ def test_vectorized_configs_use_16_byte_accesses(tilelang_only):
         if config.stage == "rows" and config.width == 16 and config.streaming:
             # the row load; the stores go through the evict-first helper (slot rows, padding zeros)
             body = source.split('extern "C" __global__')[-1]  # the kernel's definition, not the helper
-            assert _vector_accesses(body) >= 1 and body.count("tkx_store16_cs(") >= 2, (config, source)
+            from kernels import _tilelang
+
+            assert _vector_accesses(body) >= 1 and body.count(f"{_tilelang.STORE16_STREAM}(") >= 2, (config, source)
             assert "st.global.cs.v4" in source, (config, source)
         elif config.stage == "rows" and config.width == 16:
             # the row load, the stores to each slot's row, the padding rows' zeros
