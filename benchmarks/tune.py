@@ -241,6 +241,8 @@ def _line(name: str, row: dict) -> str:
     c = row["config"]
     if "steps" in c:
         knobs = f"threads={c['threads']} steps={c['steps']} min_blocks={c['min_blocks']} precomputed={c['precomputed']}"
+        if c.get("fast_e5m6"):
+            knobs += " fast_e5m6"
     elif "v_once" in c:  # an Engram GateConfig: the thread count and the knobs away from their defaults
         from kernels import engram
 

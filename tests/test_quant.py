@@ -821,3 +821,37 @@ def test_cases_survive_a_case_file(strategy, tmp_path):
             assert loaded.inputs[name].dtype == t.dtype and loaded.inputs[name].shape == t.shape
             assert torch.equal(loaded.inputs[name].view(torch.uint8), t.contiguous().view(torch.uint8))
     round_trip()
+
+
+def _e5m6_encode_models():
+    """scripts/e5m6_encode_check.py: numpy models of the kernel's two e5m6 encodes."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "e5m6_encode_check.py"
+    spec = importlib.util.spec_from_file_location("e5m6_encode_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fast_e5m6_encode_model_equals_the_shipped_one_and_the_oracle():
+    """The bit recipe of kernels.quant._e5m6_code_fast (tuning knob fast_e5m6) against the shipped
+    _e5m6_code's and the float64 oracle, on the edges and a sample of fp32 patterns (the script
+    checks all 2^32: `python scripts/e5m6_encode_check.py --oracle`)."""
+    m = _e5m6_encode_models()
+    edges = [0.0, 2.0**-149, 2.0**-126, 2.0**-24, 2.0**-21, 2.0**-20, 1.5 * 2.0**-20, 2.5 * 2.0**-20,
+             63.5 * 2.0**-20, 2.0**-14, 2.0**-14 * (1 + 2.0**-7), 2.0**-14 * (1 + 3 * 2.0**-7), 1.0 + 2.0**-7,
+             1.0 + 3 * 2.0**-7, 1.0 + 2.0**-7 + 2.0**-23, 65024.0, 65279.0, 65280.0, 65536.0, 3e38, INF, NAN]
+    e = np.array(edges + [-v for v in edges], np.float32).view(np.uint32)
+    near = (e[:, None].astype(np.int64) + np.arange(-2, 3)).ravel() % 2**32
+    rng = np.random.default_rng(0)
+    b = np.concatenate([near.astype(np.uint32), rng.integers(0, 2**32, 2**20, dtype=np.uint64).astype(np.uint32),
+                        np.arange(0x38000000, 0x38000000 + 2**18, dtype=np.uint32),  # around 2^-15 .. 2^-14
+                        np.array([0x7F800001, 0x7FC00000, 0xFFFFFFFF, 0xFF800001], np.uint32)])
+    fast = m.fast(b)
+    np.testing.assert_array_equal(fast, m.shipped(b))
+    q = b.view(np.float32)
+    finite = np.isfinite(q)
+    np.testing.assert_array_equal(fast[finite], formats.E5M6.encode(q[finite].astype(np.float64)).astype(np.uint32))
+    assert (fast[~finite & np.isnan(q)] & 0x7FF == 0x7E0).all() and (fast[np.isinf(q)] & 0x7FF == 0x7BF).all()
