@@ -443,6 +443,7 @@ TABLES: dict[str, Table] = {f"{family}.{name}": table for family, tables in
 # Public callables of the kernels modules that take no user tensors: not entry points of an op.
 NOT_ENTRY_POINTS = {
     "moe.config_for_experts": "picks a TileLang static configuration from E (checked by topk_gate)",
+    "moe.expand_rows_config": "the row kernel's configuration (a tuning override or the shipped one)",
     "moe.default_chunk_batches": "a chunk size from the pair count",
     "moe.tma_padded_rows": "the sf layout's arithmetic",
     "moe.is_tma_column_major": "a layout predicate",
