@@ -36,6 +36,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any, NamedTuple
 
 TOKENS, HIDDEN, SWIGLU_HIDDEN = 16384, 7168, 2048
 MHC_M = 4
@@ -44,8 +45,63 @@ ENGRAM_TOKENS, ENGRAM_HEADS, ENGRAM_HIDDEN = 4096, 4, 4096
 EXPAND_SLOTS = 8  # the bench's MoE top-k (tkverify.specs.moe), repeated here to name the group
 
 
+class Target(NamedTuple):
+    """What a group tunes: the kernel, the wrapper's override table and the shipped configuration's key
+    in it, the shipped configuration, the candidates, and the kernels its call launches besides."""
+
+    kernel: Any
+    overrides: dict
+    key: Any
+    shipped: Any
+    candidates: tuple
+    support: tuple = ()  # (kernel, config) pairs, compiled by --precompile too
+
+    def configs(self) -> list:
+        """The shipped configuration, then every other candidate."""
+        return [self.shipped] + [c for c in self.candidates if c != self.shipped]
+
+
+def _token_target(source: str, dtype: str, fmt: str) -> Target:
+    """The per-token cast of that source, dtype and format (TUNED applied); its static candidates."""
+    from kernels import quant
+
+    key = (source, dtype, fmt, 0)
+    return Target(quant.TOKEN_CAST, quant.TOKEN_OVERRIDES, key, quant.token_config(source, dtype, fmt),
+                  tuple(c for c in quant.TOKEN_TUNE_CONFIGS if tuple(c[:3]) == key[:3]))
+
+
+def _post_target(vectorized: bool, padded: int) -> Target:
+    from kernels import mhc
+
+    return Target(mhc.POST, mhc.POST_OVERRIDES, (vectorized, padded), mhc.post_config(vectorized, padded),
+                  tuple(c for c in mhc.POST_TUNE_CONFIGS if tuple(c[:2]) == (vectorized, padded)))
+
+
+def _engram_target(backward: bool) -> Target:
+    """Keyed by the shipped configuration of H; candidates of its thread count."""
+    from kernels import engram
+
+    if backward:
+        shipped = engram.bwd_config(ENGRAM_HIDDEN, ENGRAM_HEADS)
+        return Target(engram.GATE_BWD, engram.BWD_OVERRIDES, engram.config_for_hidden(ENGRAM_HIDDEN), shipped,
+                      tuple(c for c in engram.BWD_TUNE_CONFIGS if c.threads == shipped.threads),
+                      ((engram.GRAD_W_REDUCE, engram.ReduceConfig()),))
+    shipped = engram.fwd_config(ENGRAM_HIDDEN)
+    return Target(engram.GATE_FWD, engram.FWD_OVERRIDES, engram.config_for_hidden(ENGRAM_HIDDEN), shipped,
+                  tuple(c for c in engram.FWD_TUNE_CONFIGS if c.threads == shipped.threads))
+
+
+def _expand_target() -> Target:
+    """The 16-byte row kernel, keyed by its shipped configuration; row_src's map kernel beside it."""
+    from kernels import moe
+
+    return Target(moe.EXPAND_TO_FUSED, moe.EXPAND_OVERRIDES, moe.ExpandConfig("rows", 16),
+                  moe.expand_rows_config(16), tuple(c for c in moe.EXPAND_TUNE_CONFIGS if c.width == 16),
+                  ((moe.EXPAND_TO_FUSED, moe.ExpandConfig("map", 0)),))
+
+
 def _groups():
-    """(name, key of TOKEN_OVERRIDES, make(device) -> (fn(), nbytes))."""
+    """(name, Target, make(device) -> (fn(), nbytes))."""
     import torch
 
     from kernels import quant
@@ -112,70 +168,23 @@ def _groups():
         return lambda: moe.expand_to_fused(**inputs, **params), shape.nbytes(inputs, params)
 
     return [
-        (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e4m3/128", ("x", "bfloat16", "e4m3", 0), cast("e4m3", 128, 1.0)),
-        (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e2m1/32", ("x", "bfloat16", "e2m1", 0), cast("e2m1", 32, 0.5)),
-        (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e5m6/{HIDDEN}", ("x", "bfloat16", "e5m6", 0),
+        (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e4m3/128", _token_target("x", "bfloat16", "e4m3"),
+         cast("e4m3", 128, 1.0)),
+        (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e2m1/32", _token_target("x", "bfloat16", "e2m1"),
+         cast("e2m1", 32, 0.5)),
+        (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e5m6/{HIDDEN}", _token_target("x", "bfloat16", "e5m6"),
          cast("e5m6", HIDDEN, 1.5)),
         (f"swiglu_forward_and_per_token_cast bf16 {TOKENS}x2x{SWIGLU_HIDDEN} e4m3/128",
-         ("swiglu", "bfloat16", "e4m3", 0), swiglu),
+         _token_target("swiglu", "bfloat16", "e4m3"), swiglu),
         (f"swiglu_forward_and_per_token_cast routed bf16 {TOKENS}x2x{SWIGLU_HIDDEN} e4m3/128 weights clamp count "
-         "(range check outside the timing)", ("swiglu", "bfloat16", "e4m3", 0), swiglu_routed),
-        (f"mhc.post bf16 1x{TOKENS}x{MHC_M}x{HIDDEN}", ("post", True, 4), post),
-        (f"engram.gate_fwd bf16 T{ENGRAM_TOKENS} hc{ENGRAM_HEADS} H{ENGRAM_HIDDEN}", ("engram_fwd", ENGRAM_HIDDEN),
+         "(range check outside the timing)", _token_target("swiglu", "bfloat16", "e4m3"), swiglu_routed),
+        (f"mhc.post bf16 1x{TOKENS}x{MHC_M}x{HIDDEN}", _post_target(True, MHC_M), post),
+        (f"engram.gate_fwd bf16 T{ENGRAM_TOKENS} hc{ENGRAM_HEADS} H{ENGRAM_HIDDEN}", _engram_target(False),
          engram_gate(False)),
-        (f"engram.gate_bwd bf16 T{ENGRAM_TOKENS} hc{ENGRAM_HEADS} H{ENGRAM_HIDDEN}",
-         ("engram_bwd", ENGRAM_HIDDEN, ENGRAM_HEADS), engram_gate(True)),
-        (f"moe.expand_to_fused bf16 T{TOKENS} K{EXPAND_SLOTS} H{HIDDEN}", ("expand", 16), expand),
+        (f"engram.gate_bwd bf16 T{ENGRAM_TOKENS} hc{ENGRAM_HEADS} H{ENGRAM_HIDDEN}", _engram_target(True),
+         engram_gate(True)),
+        (f"moe.expand_to_fused bf16 T{TOKENS} K{EXPAND_SLOTS} H{HIDDEN}", _expand_target(), expand),
     ]
-
-
-def candidates(key):
-    """The shipped configuration of `key`, then every tuning candidate of its source, dtype and format
-    (for mHC post: of its vectorisation and padded m)."""
-    from kernels import engram, mhc, moe, quant
-
-    if key[0] == "expand":  # the row kernel of that unit; candidates of the same unit
-        default = moe.expand_rows_config(key[1])
-        return [default] + [c for c in moe.EXPAND_TUNE_CONFIGS if c.width == key[1] and c != default]
-    if key[0] == "post":
-        default = mhc.post_config(*key[1:])
-        return [default] + [c for c in mhc.POST_TUNE_CONFIGS if tuple(c[:2]) == key[1:] and c != default]
-    if key[0] in ("engram_fwd", "engram_bwd"):
-        fwd = key[0] == "engram_fwd"
-        default = engram.fwd_config(key[1]) if fwd else engram.bwd_config(*key[1:])
-        tune = engram.FWD_TUNE_CONFIGS if fwd else engram.BWD_TUNE_CONFIGS
-        return [default] + [c for c in tune if c.threads == default.threads and c != default]
-    # the shipped configuration (TUNED applied), then the candidates (static configurations only)
-    default = quant.token_config(*key[:3], precomputed=bool(key[3]))
-    return [default] + [c for c in quant.TOKEN_TUNE_CONFIGS if tuple(c[:3]) == key[:3] and c != default]
-
-
-def _kernel_of(key):
-    from kernels import engram, mhc, moe, quant
-
-    return {"post": mhc.POST, "engram_fwd": engram.GATE_FWD, "engram_bwd": engram.GATE_BWD,
-            "expand": moe.EXPAND_TO_FUSED}.get(key[0], quant.TOKEN_CAST)
-
-
-def _support_kernels(key):
-    """(kernel, config) pairs a group's call launches besides the tuned one (compiled by --precompile too)."""
-    from kernels import engram, moe
-
-    if key[0] == "expand":  # row_src's map kernel
-        return [(moe.EXPAND_TO_FUSED, moe.ExpandConfig("map", 0))]
-    return [(engram.GRAD_W_REDUCE, engram.ReduceConfig())] if key[0] == "engram_bwd" else []
-
-
-def _overrides(key):
-    """The override table of `key`'s kernel and the key into it."""
-    from kernels import engram, mhc, moe, quant
-
-    if key[0] == "expand":  # keyed by the shipped row configuration of the unit
-        return moe.EXPAND_OVERRIDES, moe.ExpandConfig("rows", key[1])
-    if key[0] in ("engram_fwd", "engram_bwd"):  # keyed by the shipped configuration of H
-        return (engram.FWD_OVERRIDES if key[0] == "engram_fwd" else engram.BWD_OVERRIDES,
-                engram.config_for_hidden(key[1]))
-    return (mhc.POST_OVERRIDES, key[1:]) if key[0] == "post" else (quant.TOKEN_OVERRIDES, key)
 
 
 def _bytes_of(outputs):
@@ -198,12 +207,12 @@ def tune(out_path: str, select: str | None = None) -> dict:
     copy = bench.copy_bandwidth()
     doc = {"meta": bench.meta(), "copy_bandwidth_TBps": copy / 1e12, "groups": []}
     print(f"copy bandwidth {copy / 1e12:.3f} TB/s", flush=True)
-    for name, key, make in _selected(select):
+    for name, target, make in _selected(select):
         fn, nbytes = make(torch.device("cuda"))
-        group = {"name": name, "key": list(key), "bytes": nbytes, "rows": []}
+        group = {"name": name, "key": list(target.key), "bytes": nbytes, "rows": []}
         reference = None
-        overrides, override_key = _overrides(key)
-        for config in candidates(key):
+        overrides, override_key = target.overrides, target.key
+        for config in target.configs():
             row = {"config": config._asdict(), "default": not group["rows"]}
             overrides[override_key] = config
             try:
@@ -238,19 +247,7 @@ def tune(out_path: str, select: str | None = None) -> dict:
 
 
 def _line(name: str, row: dict) -> str:
-    c = row["config"]
-    if "steps" in c:
-        knobs = f"threads={c['threads']} steps={c['steps']} min_blocks={c['min_blocks']} precomputed={c['precomputed']}"
-        if c.get("fast_e5m6"):
-            knobs += " fast_e5m6"
-    elif "v_once" in c:  # an Engram GateConfig: the thread count and the knobs away from their defaults
-        from kernels import engram
-
-        defaults = engram.GateConfig._field_defaults
-        knobs = " ".join([f"threads={c['threads']}"] + [f"{k}={v}" for k, v in c.items() if k in defaults and
-                                                         v != defaults[k]])
-    else:
-        knobs = " ".join(f"{k}={v}" for k, v in c.items())
+    knobs = " ".join(f"{k}={v}" for k, v in row["config"].items())
     if "error" in row:
         return f"{name} | {knobs} | error {row['error']}"
     k = row.get("kernel_us")
@@ -265,8 +262,8 @@ def precompile(select: str | None = None) -> int:
 
     start = time.perf_counter()
     groups = _selected(select)
-    configs = [(_kernel_of(key), c) for _, key, _ in groups for c in candidates(key)]
-    configs += [pair for _, key, _ in groups for pair in _support_kernels(key)]
+    configs = [(target.kernel, c) for _, target, _ in groups for c in target.configs()]
+    configs += [pair for _, target, _ in groups for pair in target.support]
     for kernel, config in configs:
         t = time.perf_counter()
         _tilelang.compiled_kernel(kernel, config, _tilelang.SM90)

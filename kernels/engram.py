@@ -159,8 +159,6 @@ REDUCE_THREADS = 256
 REDUCE_WARPS = REDUCE_THREADS // WARP
 REDUCE_COLUMNS = WARP * 4  # grad_w elements a reduce CTA takes (a float4 per lane)
 
-# Only the tuning candidates with streaming stores use it (the shipped kernels have no prelude).
-PRELUDE = _tilelang.STORE16_STREAM_PRELUDE
 
 
 class GateConfig(NamedTuple):
@@ -402,7 +400,8 @@ def build_gate_fwd(config: GateConfig):
         num_blocks: T.int32,
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
-        with T.Kernel(num_blocks, threads=nt, prelude=PRELUDE if streaming else None) as block:
+        with T.Kernel(num_blocks, threads=nt,
+                      prelude=_tilelang.STORE16_STREAM_PRELUDE if streaming else None) as block:
             T.annotate_min_blocks_per_sm(resident)
             tx = T.get_thread_binding()
             lane = tx % WARP
@@ -612,7 +611,8 @@ def build_gate_bwd(config: GateConfig):
         num_blocks: T.int32,
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
-        with T.Kernel(num_blocks, threads=nt, prelude=PRELUDE if streaming else None) as block:
+        with T.Kernel(num_blocks, threads=nt,
+                      prelude=_tilelang.STORE16_STREAM_PRELUDE if streaming else None) as block:
             tx = T.get_thread_binding()
             lane = tx % WARP
             warp = tx // WARP

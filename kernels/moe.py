@@ -693,8 +693,6 @@ EXPAND_TUNE_CONFIGS = (
 # the same stage and width), set by a tuning run.
 EXPAND_OVERRIDES: dict[ExpandConfig, ExpandConfig] = {}
 
-# Only the tuning candidates with streaming stores use it (the shipped kernels have no prelude).
-EXPAND_PRELUDE = _tilelang.STORE16_STREAM_PRELUDE
 
 
 def _build_expand_map():
@@ -849,7 +847,8 @@ def _build_expand_rows_tuned(config: ExpandConfig):
         tiles = T.ceildiv(num_units, span)
         token_blocks = T.Cast("int64", num_tokens) * tiles
         total = token_blocks + T.ceildiv(T.Cast("int64", num_rows), PAD_ROWS) * tiles
-        with T.Kernel(num_blocks, threads=threads, prelude=EXPAND_PRELUDE if streaming else None) as block:
+        with T.Kernel(num_blocks, threads=threads,
+                      prelude=_tilelang.STORE16_STREAM_PRELUDE if streaming else None) as block:
             if resident:
                 T.annotate_min_blocks_per_sm(resident)
             tx = T.get_thread_binding()

@@ -36,13 +36,6 @@ python3 -c "import torch, tilelang; print('torch', torch.__version__, 'cuda', to
 
 source scripts/steps.sh
 
-fuzz_run() {  # NAME IMPL EXAMPLES SECONDS WORKERS
-  step "$1" env TKVERIFY_FUZZ_EXAMPLES="$3" timeout -s KILL "$4" python3 -m pytest --pyargs tkverify.suite \
-    -p no:cacheprovider -q -rfE -n "$5" --tk-impl "$2" --tk-profile fuzz --tk-report "$R/$1" \
-    --tk-cases "$R/cases-$1"
-  step "shards-$1" python3 -m tkverify.cli shards --merge "$R/$1"
-}
-
 run_group() {  # the steps of one group, in this order
   local STEPS=" $1 "
   local pin; pin=$(grep -o '@[0-9,]*' <<<"$1" | head -1)
@@ -67,17 +60,16 @@ run_group() {  # the steps of one group, in this order
   wants tune && step tune python3 -m benchmarks.tune "$R/tune.json" ${TUNE_K:+-k "$TUNE_K"}
   if wants seeds; then  # the derandomised ci profile under other seeds: no false alarms
     for s in ${SEEDS:-1 2 3}; do
-      step "seed-$s" timeout -k 10 "${SEED_SECONDS:-600}" python3 -m pytest --pyargs tkverify.suite -p no:cacheprovider -q -n "${SEED_WORKERS:-4}" \
-        --tk-impl "${SEED_IMPL:-torch,tilelang}" --tk-profile ci --hypothesis-seed "$s" --tk-report "$R/seed-$s"
+      suite_run "seed-$s" "${SEED_SECONDS:-600}" "${SEED_WORKERS:-4}" "${SEED_IMPL:-torch,tilelang}" ci --hypothesis-seed "$s"
     done
   fi
   # The fuzz profile (TKVERIFY_FUZZ_EXAMPLES a test): ours (the long no-false-alarm hunt), and
   # tile-kernels on its own (its JIT compiles per shape would slow ours). KILL at the cap (the whole
   # process group), then the report from the workers' shards, marked partial.
-  wants fuzz && fuzz_run fuzz "${FUZZ_IMPL:-torch,tilelang}" "${FUZZ_EXAMPLES:-1000}" "${FUZZ_SECONDS:-400}" \
-    "${FUZZ_WORKERS:-8}"
-  wants fuzz-tk && fuzz_run fuzz-tk tile_kernels "${FUZZ_TK_EXAMPLES:-200}" "${FUZZ_TK_SECONDS:-300}" \
-    "${FUZZ_TK_WORKERS:-8}"
+  wants fuzz && TKVERIFY_FUZZ_EXAMPLES="${FUZZ_EXAMPLES:-1000}" \
+    suite_run fuzz "${FUZZ_SECONDS:-400}" "${FUZZ_WORKERS:-8}" "${FUZZ_IMPL:-torch,tilelang}" fuzz
+  wants fuzz-tk && TKVERIFY_FUZZ_EXAMPLES="${FUZZ_TK_EXAMPLES:-200}" \
+    suite_run fuzz-tk "${FUZZ_TK_SECONDS:-300}" "${FUZZ_TK_WORKERS:-8}" tile_kernels fuzz
   if wants suite; then  # the differential suite's wall time by worker count, over the GPUs this group sees
     local gpus; gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
     for n in ${SUITE_WORKERS:-2}; do
@@ -86,10 +78,8 @@ run_group() {  # the steps of one group, in this order
       # Which process holds memory on which GPU: the workers' pids, to match against their shards.
       while sleep 2; do nvidia-smi --query-compute-apps=timestamp,pid,gpu_uuid,used_memory --format=csv,noheader; done \
         >"$R/gpu-apps-suite-$tag.csv" 2>/dev/null & local apps=$!
-      step "suite-$tag" timeout -s KILL "${SUITE_SECONDS:-560}" python3 -m pytest ${SUITE_TARGET:---pyargs tkverify.suite} \
-        -p no:cacheprovider -q -rfE -n "$n" --tk-impl "${SUITE_IMPL:-torch,tilelang}" --tk-profile ci --tk-report "$R/suite-$tag"
+      TARGET="${SUITE_TARGET:-}" suite_run "suite-$tag" "${SUITE_SECONDS:-560}" "$n" "${SUITE_IMPL:-torch,tilelang}" ci
       kill "$util" "$apps" 2>/dev/null
-      step "shards-$tag" python3 -m tkverify.cli shards --merge "$R/suite-$tag"
     done
   fi
   if wants mutants; then

@@ -49,7 +49,6 @@ fi
 cat "$R/env.txt"
 
 source scripts/steps.sh
-SUITE=(python3 -m pytest --pyargs tkverify.suite -p no:cacheprovider -q -rs --tk-impl tile_kernels)
 
 # findings, raw, report and fuzz run side by side (one GPU, 16 cores: 1 + 1 + 7 + 7 processes), each
 # under its own cap, so that one ~300 s call holds all of them; then the cases this run saved.
@@ -60,16 +59,14 @@ if wants findings; then  # the committed findings, confirmed or refuted: one pro
       reports/tile-kernels-*/cases/raw/*.json --impl tile_kernels; } &
 fi
 # fused_mapping with the adapter's two conventions off, to record tile-kernels' raw layout (1.0 only).
-wants raw && step raw env TKVERIFY_TK_RAW=1 timeout -k 10 "$(cap 60 60)" "${SUITE[@]}" --tk-profile ci \
-  -k fused_mapping --tk-cases "$R/cases-raw" &
+wants raw && TKVERIFY_TK_RAW=1 suite_run raw "$(cap 60 60)" 1 tile_kernels ci -rs -k fused_mapping &
 # The derandomised ci profile, through the CLI: the reproducible report to commit.  KILL at the cap
 # (timeout signals the whole process group), then the report from the shards, marked partial: on an
 # interrupt pytest wrote a report of its own that did not say the run was cut (session 3's fuzz run).
 wants report && step report timeout -s KILL "$(cap "${REPORT_SECONDS:-160}" 60)" python3 -m tkverify.cli report \
   --impl tile_kernels --profile ci -n 7 --out "$R/report-ci" -- -rs "--tk-cases=$R/cases-ci" &
-# The hunt: every op and backward, the fuzz profile, failing cases saved per (op, impl).
-wants fuzz && step fuzz timeout -s KILL "$(cap "${FUZZ_SECONDS:-170}" 60)" "${SUITE[@]}" -n 7 --tk-profile fuzz \
-  --tk-report "$R/report-fuzz" --tk-cases "$R/cases" &
+# The hunt: every op and backward, the fuzz profile, failing cases saved per (op, impl), report in $R/fuzz.
+wants fuzz && suite_run fuzz "$(cap "${FUZZ_SECONDS:-170}" 60)" 7 tile_kernels fuzz -rs &
 FAMILIES="moe quant mhc engram transpose"
 if wants bench; then  # compile what the bench will time (one repetition, no graph), families side by side
   for f in $FAMILIES; do
@@ -78,10 +75,8 @@ if wants bench; then  # compile what the bench will time (one repetition, no gra
   done
 fi
 wait
-# A run cut by its cap: its report from the shards its workers wrote (every <= 15 s), marked partial.
-for d in report-ci report-fuzz; do
-  [ -d "$R/$d/shards" ] && [ ! -f "$R/$d/report.json" ] && python3 -m tkverify.cli shards --merge "$R/$d"
-done
+# A report run cut by its cap: its report from the shards its workers wrote (every <= 15 s), marked partial.
+[ -d "$R/report-ci/shards" ] && [ ! -f "$R/report-ci/report.json" ] && python3 -m tkverify.cli shards --merge "$R/report-ci"
 # Every case this run saved, replayed once more in one process (verdict and worst element, for the findings).
 if wants found; then
   found=("$R"/cases*/*.json)

@@ -120,7 +120,7 @@ TUNE_SHAPES = [(1000, 4, 4096), (301, 3, 2056), (77, 1, 1032), (9, 6, 4096)]
 
 
 @pytest.mark.parametrize("shape", TUNE_SHAPES, ids=[f"T{t}-hc{h}-H{n}" for t, h, n in TUNE_SHAPES])
-def test_tuning_candidates_give_the_shipped_bits(engram, shape):
+def test_tuning_candidates_give_the_shipped_bits(engram, monkeypatch, shape):
     """Every configuration a tuning run may time (kernels.engram.FWD_TUNE_CONFIGS, BWD_TUNE_CONFIGS)
     returns the shipped configuration's bits, every output."""
     i = _cuda(make_case(*shape, seed=11))
@@ -129,20 +129,16 @@ def test_tuning_candidates_give_the_shipped_bits(engram, shape):
     want_grads = engram.engram_gate_bwd(grad, i["x"], i["k"], i["v"], i["w"], *want[1:])
     shipped = engram.config_for_hidden(shape[2])
     for config in engram.FWD_TUNE_CONFIGS:
-        engram.FWD_OVERRIDES[shipped] = config
-        try:
+        with monkeypatch.context() as patch:
+            patch.setitem(engram.FWD_OVERRIDES, shipped, config)
             got = engram.engram_gate_fwd(**i)
-        finally:
-            engram.FWD_OVERRIDES.clear()
         for name, a, b in zip(("out", "d", "g", "rx", "rk"), want, got):
             assert_same_bits(a, b, f"{config} {name}")
     for config in engram.BWD_TUNE_CONFIGS:
-        engram.BWD_OVERRIDES[shipped] = config
-        try:
+        with monkeypatch.context() as patch:
+            patch.setitem(engram.BWD_OVERRIDES, shipped, config)
             assert engram.bwd_config(shape[2], shape[1]) == config  # the shared memory fits at these hc H
             got = engram.engram_gate_bwd(grad, i["x"], i["k"], i["v"], i["w"], *want[1:])
-        finally:
-            engram.BWD_OVERRIDES.clear()
         for name, a, b in zip(("grad_x", "grad_k", "grad_v", "grad_w"), want_grads, got):
             assert_same_bits(a, b, f"{config} {name}")
 

@@ -186,6 +186,10 @@ def tma_column_major(sf: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _case_ids(cases) -> list[str]:
+    return ["-".join(str(v).replace("torch.", "") for v in c) for c in cases]
+
+
 # (dtype, T, K, H, position layout)
 EXPAND_CASES = [
     (torch.bfloat16, 0, 8, 7168, "mapping"),
@@ -203,7 +207,7 @@ EXPAND_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", EXPAND_CASES, ids=["-".join(str(v).replace("torch.", "") for v in c) for c in EXPAND_CASES])
+@pytest.mark.parametrize("case", EXPAND_CASES, ids=_case_ids(EXPAND_CASES))
 def test_expand_to_fused_matches_torch(moe, case):
     dtype, num_tokens, k, hidden, layout = case
     g = _generator(5)
@@ -251,8 +255,8 @@ EXPAND_TUNE_CASES = [
 
 
 @pytest.mark.parametrize("case", EXPAND_TUNE_CASES,
-                         ids=["-".join(str(v).replace("torch.", "") for v in c) for c in EXPAND_TUNE_CASES])
-def test_expand_tuning_candidates_give_the_shipped_bits(moe, case):
+                         ids=_case_ids(EXPAND_TUNE_CASES))
+def test_expand_tuning_candidates_give_the_shipped_bits(moe, monkeypatch, case):
     """Every row-kernel configuration a tuning run may time (kernels.moe.EXPAND_TUNE_CONFIGS) returns
     the shipped configuration's bits: out, padding rows, and a row-major sf moved by the same kernel."""
     dtype, num_tokens, k, hidden, layout = case
@@ -265,12 +269,10 @@ def test_expand_tuning_candidates_give_the_shipped_bits(moe, case):
     assert_same_bits(want, eager.expand_to_fused(x, pos, num_rows), "shipped out")
     shipped = moe.ExpandConfig("rows", 16)
     for config in moe.EXPAND_TUNE_CONFIGS:
-        moe.EXPAND_OVERRIDES[shipped] = config
-        try:
+        with monkeypatch.context() as patch:
+            patch.setitem(moe.EXPAND_OVERRIDES, shipped, config)
             assert moe.expand_rows_config(16) == config
             got, got_sf = moe.expand_to_fused(x, pos, num_rows, sf)
-        finally:
-            moe.EXPAND_OVERRIDES.clear()
         assert_same_bits(got, want, f"{config} out")
         assert_same_bits(got_sf, want_sf, f"{config} out_sf")
 
@@ -289,7 +291,7 @@ EXPAND_SF_CASES = [
 
 
 @pytest.mark.parametrize("case", EXPAND_SF_CASES,
-                         ids=["-".join(str(v).replace("torch.", "") for v in c) for c in EXPAND_SF_CASES])
+                         ids=_case_ids(EXPAND_SF_CASES))
 def test_expand_to_fused_moves_sf(moe, case):
     dtype, sf_dtype, num_tokens, k, hidden, sf_cols, sf_layout, layout = case
     g = _generator(8)
@@ -348,7 +350,7 @@ REDUCE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", REDUCE_CASES, ids=["-".join(str(v).replace("torch.", "") for v in c) for c in REDUCE_CASES])
+@pytest.mark.parametrize("case", REDUCE_CASES, ids=_case_ids(REDUCE_CASES))
 def test_reduce_fused_matches_torch(moe, case):
     dtype, num_tokens, k, hidden, layout, sf_layout = case
     x, w, pos, x_sf = reduce_inputs(dtype, num_tokens, k, hidden, layout, sf_layout, _generator(9))
