@@ -55,7 +55,7 @@ z = ((d rx) rk) s with s = fp32(1/sqrt(H)), a = sign(z) sqrt(max(|z|, c))
 (IEEE sqrtf; a = 0 at z = 0, so g = 1/2 exactly there),
 g = 1 / (1 + expf(-a)) (libdevice's accurate expf, IEEE division: a -> -inf
 gives exactly 0), out = x + g v in fp32 rounded once to bf16 (RN).  Thread 0
-writes d, g, rx, rk.  The grid is one wave of resident CTAs
+writes d, g, rx, rk.  The grid is ``FWD_WAVES`` waves of resident CTAs
 (``FWD_RESIDENT`` an SM, asked for through the launch bounds: at most 64
 registers a thread; ptxas, sm_90: 56 at 128 and 512 threads, 57 at 896, no
 spills), which the ring's shared memory admits: 4 slots of 48 bytes a thread
@@ -139,9 +139,11 @@ THREAD_COUNTS = (128, 512, 896)  # threads of a CTA: rows up to 8 * threads elem
 # alternating slots need one a row; the automatic insertion would add a second).
 PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_thread_storage_sync": True}
 
-# Forward CTAs of each configuration resident on one SM (asked for through the launch bounds):
-# the forward's grid is one such wave (the results do not depend on it).
+# Forward CTAs of each configuration resident on one SM (asked for through the launch bounds);
+# the forward's grid is FWD_WAVES such waves of shorter CTAs, so that SMs that finish early take more
+# (a host-side choice: the kernel is the same, and the results do not depend on it).
 FWD_RESIDENT = {128: 8, 512: 2, 896: 1}
+FWD_WAVES = 8
 # Rows whose loads are in flight, per CTA, while one is reduced: stages - 1 (a shared-memory ring
 # of cp.async copies, each thread reading back only its own chunks).
 FWD_STAGES = 4
@@ -167,7 +169,7 @@ class GateConfig(NamedTuple):
     stages: int = 0  # ring slots; 0: the kernel's own (FWD_STAGES, BWD_STAGES)
     resident: int = 0  # forward: CTAs an SM (launch bounds and grid); 0: FWD_RESIDENT[threads]
     interleave: bool = False  # forward: token block j takes tokens j, j + G, j + 2G, ... (G blocks)
-    waves: int = 1  # forward: the grid is this many waves of resident CTAs
+    waves: int = 0  # forward: the grid is this many waves of resident CTAs; 0: FWD_WAVES
     streaming: bool = False  # out (forward), grad_x, grad_k, grad_v (backward) stored with st.global.cs
     v_once: bool = False  # backward: v copied at a token's head 0 only, kept in registers for its other heads
 
@@ -193,14 +195,18 @@ FWD_TUNE_CONFIGS = (
     GateConfig(512, stages=8, resident=1, interleave=True),
     # 3 slots: 2 x 2 rows (96 KiB) in flight, if the 4-slot ring over-subscribes DRAM queues
     GateConfig(512, stages=3, interleave=True),
-    # 4 waves of 4x shorter CTAs, scheduled as slots free up: SMs that run faster take more tokens
-    GateConfig(512, waves=4),
-    # H200 run 12: waves=4 (119.2 us) and 3 stages interleaved (119.5 us) were the best, 5% under the
-    # shipped 125.1 us; these time the balance further and the two together
+    # The grid's balance.  H200 runs 12 and 14 (T 4096, hc 4, H 4096): 1, 2, 4 and 8 waves took 125.5,
+    # 122.7, 119.2 and 117.8 us (run 14): SMs that finish early take more of the shorter CTAs; 8 ships
+    # (FWD_WAVES).  1 is the grid shipped before; 16 and 32 (4 and 2 tokens a CTA there) go finer still.
+    GateConfig(512, waves=1),
     GateConfig(512, waves=2),
-    GateConfig(512, waves=8),
+    GateConfig(512, waves=4),
+    GateConfig(512, waves=16),
+    GateConfig(512, waves=32),
     GateConfig(512, stages=3, waves=4),
     GateConfig(512, stages=3, interleave=True, waves=4),
+    GateConfig(512, stages=3),
+    GateConfig(512, stages=3, waves=16),
 )
 BWD_TUNE_CONFIGS = (
     # 4 slots: 3 rows (96 KiB) in flight instead of 2 (the CTA is alone on its SM); the ring then
@@ -473,7 +479,7 @@ def build_gate_bwd(config: GateConfig):
     stages = config.stages or BWD_STAGES
     v_once, streaming = config.v_once, config.streaming
     assert stages >= 2 and (ringed or not (v_once or config.stages)), config
-    assert not (config.interleave or config.resident or config.waves != 1), f"forward-only knobs: {config}"
+    assert not (config.interleave or config.resident or config.waves), f"forward-only knobs: {config}"
     unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
     copy_chunk, take_chunk = _ring_macros(T, nt)
     n_rows, n_words, n_v, n_w, n_parts = T.dynamic("n_rows, n_words, n_v, n_w, n_parts")
@@ -780,10 +786,10 @@ def _multiprocessors(index: int) -> int:
 
 
 def forward_tokens_per_block(tokens: int, heads: int, threads: int, multiprocessors: int, resident: int = 0,
-                             waves: int = 1) -> int:
-    """Tokens a forward CTA takes: about `waves` waves of `resident` (0: FWD_RESIDENT[threads]) CTAs an SM
-    (the results do not depend on it)."""
-    blocks = max(1, (multiprocessors * (resident or FWD_RESIDENT[threads]) * waves) // heads)
+                             waves: int = 0) -> int:
+    """Tokens a forward CTA takes: about `waves` (0: FWD_WAVES) waves of `resident` (0: FWD_RESIDENT[threads])
+    CTAs an SM (the results do not depend on it)."""
+    blocks = max(1, (multiprocessors * (resident or FWD_RESIDENT[threads]) * (waves or FWD_WAVES)) // heads)
     return max(1, -(-tokens // blocks))
 
 

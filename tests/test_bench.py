@@ -167,3 +167,21 @@ def test_notes_say_only_what_the_measurements_show():
     assert measured_notes(dict(base, met=True, of_write=1.3)) == []
     uncapturable = dict(base, of_write=0.1, kernel_us=None, graph_error="RuntimeError: operation not permitted")
     assert measured_notes(uncapturable) == ["not capturable in a CUDA graph (RuntimeError): eager time only"]
+
+
+def test_a_miss_is_write_bound_only_when_the_declared_writes_alone_overrun_the_target():
+    # copy 4.2 TB/s, write-only 3.3 TB/s (_doc); 2333 MB moved, 2097 MB of them written, as the expand
+    # shape at T 16384: the writes alone take 635 us, the 90% target allows 617 us
+    expand = dict(_row("moe.expand_to_fused", "tilelang", 700.0, kernel_us=640.0, nbytes=2_333_000_000),
+                  written=2_097_000_000)
+    (row,) = bench.derive(_doc([expand]))["rows"]
+    assert row["met"] is False
+    assert row["write_floor_us"] == pytest.approx(635.5, abs=0.1)
+    assert row["target_us"] == pytest.approx(617.2, abs=0.1)
+    assert row["notes"] == ["bound by writes: its 2097 MB of writes alone take 635 us at the write-only rate "
+                            "measured here, more than the 617 us its target allows; it runs at 99% of that rate"]
+    # a third of the bytes written (the Engram forward's mix): missing the target is not the writes' doing,
+    # however high its bytes over the write-only rate
+    engram = dict(_row("engram.gate", "tilelang", 130.0, kernel_us=125.0, nbytes=436_500_000), written=134_000_000)
+    (row,) = bench.derive(_doc([engram]))["rows"]
+    assert row["of_write"] > 1 and row["notes"] == ["below target; not explained by these measurements"]

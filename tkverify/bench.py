@@ -164,6 +164,7 @@ def run(entries: list[Entry], impl_names: list[str], *, reps: int = 30, graphs: 
         inputs, params = entry.shape.make(device)
         row_base = {"op": entry.label, "shape": entry.shape.name, "bytes": entry.shape.nbytes(inputs, params),
                     "flops": entry.shape.flops(inputs, params) if entry.shape.flops else None,
+                    "written": entry.shape.written(inputs, params) if entry.shape.written else None,
                     "target": entry.shape.target,
                     "params": {k: _describe(v) for k, v in params.items()},
                     "inputs": {k: _describe(v) for k, v in inputs.items()}}
@@ -243,6 +244,10 @@ def derive(doc: dict[str, Any]) -> dict[str, Any]:
         row["of_write"] = row["bytes"] / (t * 1e-6) / (write * 1e12) if write else None
         row["TFLOPs"] = row["flops"] / (t * 1e-6) / 1e12 if row.get("flops") else None
         row["met"] = None if row.get("target") is None else row["of_copy"] >= row["target"]
+        if row.get("written") and write:
+            row["write_floor_us"] = row["written"] / (write * 1e12) * 1e6
+            if row.get("target"):
+                row["target_us"] = row["bytes"] / (row["target"] * copy) * 1e6
         row["notes"] = measured_notes(row)
     for row in doc["rows"]:
         t = best.get((row["op"], row["shape"], row["impl"]))
@@ -261,7 +266,14 @@ def measured_notes(row: dict[str, Any]) -> list[str]:
     """What the row's own measurements say bounds it (nothing is guessed: a target missed for a
     reason these figures do not show is marked as such)."""
     notes = []
-    if row.get("met") is False and row.get("of_write") is not None and row["of_write"] >= 0.95:
+    if row.get("met") is False and row.get("write_floor_us") is not None:
+        # the shape says how much it writes: write-bound only if the writes alone overrun the target's time
+        floor, allowed = row["write_floor_us"], row.get("target_us")
+        if allowed is not None and floor >= allowed:
+            notes.append(f"bound by writes: its {row['written'] / 1e6:.0f} MB of writes alone take {floor:.0f} us at "
+                         f"the write-only rate measured here, more than the {allowed:.0f} us its target allows; it "
+                         f"runs at {floor / best_time_us(row):.0%} of that rate")
+    elif row.get("met") is False and row.get("of_write") is not None and row["of_write"] >= 0.95:
         notes.append(f"{row['of_write']:.0%} of the write-only fill rate: the ceiling if most of its bytes are writes")
     eager, kernel = row.get("time_us"), row.get("kernel_us")
     if eager and kernel and eager - kernel > max(HOST_GAP_US, 0.25 * kernel):

@@ -224,6 +224,10 @@ class BenchShape:
     flops    optional ``flops(inputs, params) -> int`` where arithmetic matters.
     target   the share of the copy bandwidth this shape is tuned for (None:
              not memory-bound, judged by time alone).
+    written  optional ``written(inputs, params) -> int``: the part of nbytes
+             that is written.  With it the bench can tell a write-bound miss
+             (its writes alone, at the write-only rate measured in the same
+             run, take longer than the target allows) from any other.
     """
 
     name: str
@@ -231,6 +235,7 @@ class BenchShape:
     nbytes: Callable[[dict[str, Any], dict[str, Any]], int]
     flops: Callable[[dict[str, Any], dict[str, Any]], int] | None = None
     target: float | None = 0.9
+    written: Callable[[dict[str, Any], dict[str, Any]], int] | None = None
 
 
 @dataclasses.dataclass

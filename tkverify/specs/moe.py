@@ -131,10 +131,14 @@ def _expand_shape(device):
             {"num_expanded_rows": r["num_rows"]})
 
 
+def _expand_written(i, p):
+    # every row of out written once (padding rows are zeroed)
+    return p["num_expanded_rows"] * i["x"].shape[1] * i["x"].element_size()
+
+
 def _expand_bytes(i, p):
-    # x read once, every row of out written once (padding rows are zeroed), positions read
-    row = i["x"].shape[1] * i["x"].element_size()
-    return benchshapes.nbytes(i["x"]) + p["num_expanded_rows"] * row + benchshapes.nbytes(i["token_topk_to_pos"])
+    # x and the positions read once, out written
+    return benchshapes.nbytes(i["x"]) + benchshapes.nbytes(i["token_topk_to_pos"]) + _expand_written(i, p)
 
 
 def _reduce_shape(device):
@@ -164,7 +168,7 @@ BENCH = {
     "moe.group_count": (BenchShape(f"{_SHAPE} int64", _routed_idx,
                                    lambda i, p: benchshapes.nbytes(i["idx"]) + p["num_groups"] * 4, target=None),),
     "moe.fused_mapping": (BenchShape(f"{_SHAPE} align {_ALIGN}", _mapping_shape, _mapping_bytes, target=None),),
-    "moe.expand_to_fused": (BenchShape(_DATA_SHAPE, _expand_shape, _expand_bytes),),
+    "moe.expand_to_fused": (BenchShape(_DATA_SHAPE, _expand_shape, _expand_bytes, written=_expand_written),),
     "moe.reduce_fused": (BenchShape(_DATA_SHAPE, _reduce_shape, _reduce_bytes),),
     "moe.normalize_weight": (BenchShape(f"T{_T} K{_K}", _normalize_shape,
                                         lambda i, p: 2 * benchshapes.nbytes(i["topk_weights"]) + _T * 4,
