@@ -50,8 +50,9 @@ FINDING_CASES = [
      "InternalError: ", "F12"),
     ("tile-kernels-2.1.0/cases/quant.per_block_cast-F13-nan.json", "2.1.0", False, {"sf"}, "", "F13"),
     ("tile-kernels-1.0.0/cases/quant.per_block_cast-F13-nan-ue8m0.json", "1.0.0", False, {"sf"}, "", "F13"),
+    # an empty batch, but with post_mult 0: F12 (run 15 made it fail the same way on one token)
     ("tile-kernels-1.0.0/cases/mhc.pre_split_mixes-G1-empty-batch-divide-by-zero.json", "1.0.0", False, None,
-     "InternalError: Check failed: fb->value != 0 (0 vs. 0) : Divide by zero", "F9"),
+     "InternalError: Check failed: fb->value != 0 (0 vs. 0) : Divide by zero", "F12"),
     ("tile-kernels-1.0.0/cases/moe.topk_gate-G8-tied-neg-inf.json", "1.0.0", False, {"indices"}, "", "G8"),
     ("tile-kernels-1.0.0/cases/quant.per_token_cast-G10-e5m6-nan.json", "1.0.0", False, {"sf", "data"}, "", "G10"),
     ("tile-kernels-1.0.0/cases/mhc.pre_apply_mix-G11-m5.json", "1.0.0", False, None,
@@ -59,6 +60,16 @@ FINDING_CASES = [
      "G11"),
     ("tile-kernels-1.0.0/cases/moe.expand_to_fused_with_sf-G12-no-token.json", "1.0.0", False, {"out", "sf"}, "",
      "G12"),
+    # Session 6 (H200 runs 15, 16):
+    ("tile-kernels-1.0.0/cases/mhc.pre_split_mixes-F12-m4-one-token-divide-by-zero.json", "1.0.0", False, None,
+     "InternalError: Check failed: fb->value != 0 (0 vs. 0) : Divide by zero", "F12"),
+    ("tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m6-empty-batch-run16.json", "2.1.0", False, None,
+     "InternalError: Check failed: (has_best) is false: no available layout found", "F12"),
+    ("tile-kernels-1.0.0/cases/mhc.pre_apply_mix-G11-m6-empty-batch.json", "1.0.0", False, None,
+     "InternalError: Check failed: (!use_count_.count(v)) is false: variable i_mhc has been used before definition!",
+     "G11"),
+    ("tile-kernels-1.0.0/cases/moe.expand_to_fused-G12-no-token.json", "1.0.0", False, {"out"}, "", "G12"),
+    ("tile-kernels-1.0.0/cases/quant.per_block_cast-G14-inf.json", "1.0.0", False, {"sf"}, "", "G14"),
 ]
 
 
@@ -111,6 +122,14 @@ def test_a_case_outside_the_domain_is_not_excused():
     # G8: the same repeated index on distinct finite scores would be new.
     case, failure = _failure("tile-kernels-1.0.0/cases/moe.topk_gate-G8-tied-neg-inf.json", False, {"indices"}, "")
     case.inputs["scores"] = torch.tensor([[0.0, 1.0]])
+    assert known.known("1.0.0", case, failure) is None
+    # G14: an sf failing in a block cast without an inf in x would be new.
+    case, failure = _failure("tile-kernels-1.0.0/cases/quant.per_block_cast-G14-inf.json", False, {"sf"}, "")
+    case.inputs["x"] = case.inputs["x"].nan_to_num(posinf=1.0, neginf=-1.0)
+    assert known.known("1.0.0", case, failure) is None
+    # G13 is not declared: an e5m6 data failure on 1.0.0 always fails, off by one code or by more.
+    case, failure = _failure("tile-kernels-1.0.0/cases/quant.per_token_cast-G13-e5m6-subnormal-rounding.json", False,
+                             {"data"}, "")
     assert known.known("1.0.0", case, failure) is None
     # G12: unwritten rows when x has tokens would be new.
     case, failure = _failure("tile-kernels-1.0.0/cases/moe.expand_to_fused_with_sf-G12-no-token.json", False,

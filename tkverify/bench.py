@@ -3,7 +3,7 @@
 Effective bandwidth is the bytes an op must read and write, each counted once
 (the shape's ``nbytes``), over the median time; the device-to-device copy
 measured in the same process is the ceiling it is compared against, and the
-write-only fill the ceiling of ops that write far more than they read.
+write-only fill the ceiling of the writes a shape declares (``BenchShape.written``).
 
 Two times per row:
 
@@ -267,14 +267,13 @@ def measured_notes(row: dict[str, Any]) -> list[str]:
     reason these figures do not show is marked as such)."""
     notes = []
     if row.get("met") is False and row.get("write_floor_us") is not None:
-        # the shape says how much it writes: write-bound only if the writes alone overrun the target's time
+        # write-bound only if the declared writes alone overrun the target's time (a shape that declares
+        # none is never called write-bound: bytes over the write-only rate say nothing without the mix)
         floor, allowed = row["write_floor_us"], row.get("target_us")
         if allowed is not None and floor >= allowed:
             notes.append(f"bound by writes: its {row['written'] / 1e6:.0f} MB of writes alone take {floor:.0f} us at "
                          f"the write-only rate measured here, more than the {allowed:.0f} us its target allows; it "
                          f"runs at {floor / best_time_us(row):.0%} of that rate")
-    elif row.get("met") is False and row.get("of_write") is not None and row["of_write"] >= 0.95:
-        notes.append(f"{row['of_write']:.0%} of the write-only fill rate: the ceiling if most of its bytes are writes")
     eager, kernel = row.get("time_us"), row.get("kernel_us")
     if eager and kernel and eager - kernel > max(HOST_GAP_US, 0.25 * kernel):
         notes.append(f"eager call {eager - kernel:.0f} us above its device time (host work)")
