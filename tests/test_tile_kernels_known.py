@@ -70,6 +70,9 @@ FINDING_CASES = [
      "G11"),
     ("tile-kernels-1.0.0/cases/moe.expand_to_fused-G12-no-token.json", "1.0.0", False, {"out"}, "", "G12"),
     ("tile-kernels-1.0.0/cases/quant.per_block_cast-G14-inf.json", "1.0.0", False, {"sf"}, "", "G14"),
+    ("tile-kernels-2.1.0/cases/engram.gate-P1-empty-batch-gradients.json", "2.1.0", True, None,
+     "RuntimeError: kernel engram_gate_bwd_kernel_cuda input grad_out strides[2] violates packed ABI constraint; "
+     "expected: 0, got: 1", "F10"),
 ]
 
 

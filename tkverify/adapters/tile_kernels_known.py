@@ -10,7 +10,7 @@ that finding (`KnownDiscrepancy`) instead of failing the test, so that
 on the same ops included, still fails.  Nothing here touches a bound or a
 report row; the rows keep their failing elements.
 
-Left out on purpose: findings still open (F10, G3'), refusals (F5, F6,
+Left out on purpose: refusals (F5, F6,
 which the adapter raises as `Unsupported`), adapter mistakes (F7, F11,
 fixed), and G13 (1.0.0's e5m6 codes off by one): a predicate can name the
 outputs that fail, not by how much, so declaring it would also excuse any
@@ -138,6 +138,8 @@ FINDINGS = (
     # the first report of a 2.1.0 one-token case; its final reproduction and every replay printed it).
     Finding("F12", "post_mult = 0: a TileLang compile error", BOTH, ("mhc.pre_split_mixes",), _without_post,
             error=r"^InternalError: (.*no available layout found|.*Divide by zero|\s*$)"),
+    Finding("F10", "backward at T = 0: its packed-ABI stride check fails on the empty grad_out", ("2.1.0",),
+            ("engram.gate",), _empty, error=r"violates packed ABI", backward=True),
     Finding("F13", "per_block_cast, a NaN in a block: the sf skips it (F1's NaN-ignoring amax)", BOTH,
             ("quant.per_block_cast",), _has_nan, outputs=frozenset({"sf"})),
     Finding("G2", "backward at m = 8 asks more shared memory than a block may have", ("1.0.0",),
