@@ -7,8 +7,9 @@
 # 16 cores: the suite is host-bound), e.g. STEPS="precompile pytest | mutants memcheck | seeds"; a group
 # that starts with @N sees only GPU N (CUDA_VISIBLE_DEVICES), e.g. STEPS="@0 bench | @1 report".
 # "suite" times `pytest --pyargs tkverify.suite` once per worker count in SUITE_WORKERS (default 2),
-# over the GPUs the group sees, with the GPUs' utilisation logged beside it (SUITE_TARGET=tests: the whole
-# project suite instead; SUITE_IMPL, default torch,tilelang).
+# over the GPUs the group sees (a count written N@GPUS, e.g. "4 2@0 4@0": over those only), one run after
+# another, with the GPUs' utilisation logged beside it (SUITE_TARGET=tests: the whole project suite
+# instead; SUITE_IMPL, default torch,tilelang).
 # Env: TUNE_K picks tune groups by name; TK_IMPL (default all) is pytest's --tk-impl; WORKERS (default 8) pytest -n; SEED passes
 # --hypothesis-seed (the ci profile then draws other examples); SEEDS="1 2 ..." runs tkverify.suite once
 # per seed (SEED_WORKERS each, --tk-impl SEED_IMPL, default torch,tilelang); MUTANT_IMPLS (default "tilelang torch"); MEMCHECK_SECONDS, MEMCHECK_TESTS, MEMCHECK_K,
@@ -71,14 +72,17 @@ run_group() {  # the steps of one group, in this order
   wants fuzz-tk && TKVERIFY_FUZZ_EXAMPLES="${FUZZ_TK_EXAMPLES:-200}" \
     suite_run fuzz-tk "${FUZZ_TK_SECONDS:-300}" "${FUZZ_TK_WORKERS:-8}" tile_kernels fuzz
   if wants suite; then  # the differential suite's wall time by worker count, over the GPUs this group sees
-    local gpus; gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
-    for n in ${SUITE_WORKERS:-2}; do
+    local run
+    for run in ${SUITE_WORKERS:-2}; do  # N, or N@GPUS: N workers over those GPUs only (e.g. 4@0), one after another
+      local n=${run%@*} pin=""; [[ "$run" == *@* ]] && pin=${run#*@}
+      local gpus; gpus=$(${pin:+env CUDA_VISIBLE_DEVICES=$pin} python3 -c "import torch; print(torch.cuda.device_count())")
       local tag="n$n-gpus$gpus"
       watch_gpus "$R/gpu-util-suite-$tag.csv" 500; local util=$!
       # Which process holds memory on which GPU: the workers' pids, to match against their shards.
       while sleep 2; do nvidia-smi --query-compute-apps=timestamp,pid,gpu_uuid,used_memory --format=csv,noheader; done \
         >"$R/gpu-apps-suite-$tag.csv" 2>/dev/null & local apps=$!
-      TARGET="${SUITE_TARGET:-}" suite_run "suite-$tag" "${SUITE_SECONDS:-560}" "$n" "${SUITE_IMPL:-torch,tilelang}" ci
+      ( [ -n "$pin" ] && export CUDA_VISIBLE_DEVICES=$pin
+        TARGET="${SUITE_TARGET:-}" suite_run "suite-$tag" "${SUITE_SECONDS:-560}" "$n" "${SUITE_IMPL:-torch,tilelang}" ci )
       kill "$util" "$apps" 2>/dev/null
     done
   fi
