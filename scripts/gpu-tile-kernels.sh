@@ -8,7 +8,9 @@
 # included), TKVERIFY_FUZZ_EXAMPLES (default 60), FINDINGS_SECONDS, REPORT_SECONDS, FUZZ_SECONDS (the
 # steps' caps, default 120, 160, 170), STEPS (default "findings report fuzz found",
 # plus "raw" for upstream-v1; "bench" is extra), FINDINGS (the case files to replay, default
-# every committed one).  The first four run side by side, the last after them; each is
+# every committed one), FUZZ_K (a pytest -k expression for the fuzz step: e.g. the one test whose
+# per-shape JIT compiles kept an earlier run from finishing).  The first four run side by side, the
+# last after them; each is
 # capped so that the whole stays within BUDGET:
 #   findings  every committed case, reports/tile-kernels-*/cases/*.json, replayed in one process
 #             (cases/raw/*.json with TKVERIFY_TK_RAW=1: the adapter's size refusals off)
@@ -66,7 +68,7 @@ wants raw && TKVERIFY_TK_RAW=1 suite_run raw "$(cap 60 60)" 1 tile_kernels ci -r
 wants report && step report timeout -s KILL "$(cap "${REPORT_SECONDS:-160}" 60)" python3 -m tkverify.cli report \
   --impl tile_kernels --profile ci -n 7 --out "$R/report-ci" -- -rs "--tk-cases=$R/cases-ci" &
 # The hunt: every op and backward, the fuzz profile, failing cases saved per (op, impl), report in $R/fuzz.
-wants fuzz && suite_run fuzz "$(cap "${FUZZ_SECONDS:-170}" 60)" 7 tile_kernels fuzz -rs &
+wants fuzz && suite_run fuzz "$(cap "${FUZZ_SECONDS:-170}" 60)" 7 tile_kernels fuzz -rs ${FUZZ_K:+-k "$FUZZ_K"} &
 FAMILIES="moe quant mhc engram transpose"
 if wants bench; then  # compile what the bench will time (one repetition, no graph), families side by side
   for f in $FAMILIES; do

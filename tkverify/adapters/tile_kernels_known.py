@@ -103,7 +103,7 @@ def _without_post(op: str, case: Case) -> bool:
 
 
 def _mhc_m5_or_m6(op: str, case: Case) -> bool:
-    return case.inputs["x"].shape[-2] in (5, 6)  # the m seen failing; 2, 4, 8 compile
+    return case.inputs["x"].shape[-2] in (5, 6)  # the m of G11's cases
 
 
 def _tied_neg_inf_scores(op: str, case: Case) -> bool:
