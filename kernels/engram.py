@@ -111,7 +111,7 @@ values.  Tuning candidates (`FWD_TUNE_CONFIGS`, `BWD_TUNE_CONFIGS`, all at 512
 threads; not used unless `FWD_OVERRIDES` / `BWD_OVERRIDES`, keyed by the shipped
 configuration, name one: benchmarks/tune.py times them) vary the GateConfig knobs
 whose defaults are the shipped kernels above: the ring's depth, the forward's
-resident CTAs and waves, the forward's interleaved token order (token block j of
+waves, the forward's interleaved token order (token block j of
 G takes tokens j, j + G, ...), evict-first (st.global.cs) stores, and the
 backward's v copied once a token.  None changes a row's arithmetic or the
 backward's blocks, so every output keeps its bits.
@@ -167,7 +167,6 @@ class GateConfig(NamedTuple):
     threads: int  # threads of a CTA, one 16-byte chunk of every row each: H <= 8 * threads
     # Tuning knobs (the defaults are the shipped kernels; see FWD_TUNE_CONFIGS, BWD_TUNE_CONFIGS):
     stages: int = 0  # ring slots; 0: the kernel's own (FWD_STAGES, BWD_STAGES)
-    resident: int = 0  # forward: CTAs an SM (launch bounds and grid); 0: FWD_RESIDENT[threads]
     interleave: bool = False  # forward: token block j takes tokens j, j + G, j + 2G, ... (G blocks)
     waves: int = 0  # forward: the grid is this many waves of resident CTAs; 0: FWD_WAVES
     streaming: bool = False  # out (forward), grad_x, grad_k, grad_v (backward) stored with st.global.cs
@@ -191,18 +190,16 @@ FWD_TUNE_CONFIGS = (
     # out written once, never read again: evict-first from L2 (leaves L2 to v, read by hc CTAs)
     GateConfig(512, streaming=True),
     GateConfig(512, interleave=True, streaming=True),
-    # one CTA an SM with 8 slots: 7 rows (168 KiB) in flight instead of 2 x 3 (144 KiB), same shared memory
-    GateConfig(512, stages=8, resident=1, interleave=True),
     # 3 slots: 2 x 2 rows (96 KiB) in flight, if the 4-slot ring over-subscribes DRAM queues
     GateConfig(512, stages=3, interleave=True),
     # The grid's balance.  H200 runs 12 and 14 (T 4096, hc 4, H 4096): 1, 2, 4 and 8 waves took 125.5,
     # 122.7, 119.2 and 117.8 us (run 14): SMs that finish early take more of the shorter CTAs; 8 ships
-    # (FWD_WAVES).  1 is the grid shipped before; 16 and 32 (4 and 2 tokens a CTA there) go finer still.
+    # (FWD_WAVES).  1 is the grid shipped before; 16 went finer (run 16: 120.7 us).  Gone: 32 waves (133.8 us)
+    # and one CTA an SM with 8 ring slots (131.1, 131.2 and 151.4 us in runs 12, 14, 16).
     GateConfig(512, waves=1),
     GateConfig(512, waves=2),
     GateConfig(512, waves=4),
     GateConfig(512, waves=16),
-    GateConfig(512, waves=32),
     GateConfig(512, stages=3, waves=4),
     GateConfig(512, stages=3, interleave=True, waves=4),
     GateConfig(512, stages=3),
@@ -328,7 +325,7 @@ def build_gate_fwd(config: GateConfig):
     T = _tilelang.T()
     nt = config.threads
     stages = config.stages or FWD_STAGES
-    resident = config.resident or FWD_RESIDENT[nt]
+    resident = FWD_RESIDENT[nt]
     interleave, streaming = config.interleave, config.streaming
     assert stages >= 2 and not config.v_once, config
     unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
@@ -481,7 +478,7 @@ def build_gate_bwd(config: GateConfig):
     stages = config.stages or BWD_STAGES
     v_once, streaming = config.v_once, config.streaming
     assert stages >= 2 and (ringed or not (v_once or config.stages)), config
-    assert not (config.interleave or config.resident or config.waves), f"forward-only knobs: {config}"
+    assert not (config.interleave or config.waves), f"forward-only knobs: {config}"
     unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
     copy_chunk, take_chunk = _ring_macros(T, nt)
     n_rows, n_words, n_v, n_w, n_parts = T.dynamic("n_rows, n_words, n_v, n_w, n_parts")
@@ -787,11 +784,10 @@ def _multiprocessors(index: int) -> int:
 
 
 
-def forward_tokens_per_block(tokens: int, heads: int, threads: int, multiprocessors: int, resident: int = 0,
-                             waves: int = 0) -> int:
-    """Tokens a forward CTA takes: about `waves` (0: FWD_WAVES) waves of `resident` (0: FWD_RESIDENT[threads])
-    CTAs an SM (the results do not depend on it)."""
-    blocks = max(1, (multiprocessors * (resident or FWD_RESIDENT[threads]) * (waves or FWD_WAVES)) // heads)
+def forward_tokens_per_block(tokens: int, heads: int, threads: int, multiprocessors: int, waves: int = 0) -> int:
+    """Tokens a forward CTA takes: about `waves` (0: FWD_WAVES) waves of FWD_RESIDENT[threads] CTAs an SM
+    (the results do not depend on it)."""
+    blocks = max(1, (multiprocessors * FWD_RESIDENT[threads] * (waves or FWD_WAVES)) // heads)
     return max(1, -(-tokens // blocks))
 
 
@@ -840,7 +836,7 @@ def engram_gate_fwd(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.
     kernel = _tilelang.kernel_for(GATE_FWD, config, x.device)
     scale, inv_h = _row_constants(hidden)
     per_block = forward_tokens_per_block(tokens, heads, config.threads, _multiprocessors(x.device.index or 0),
-                                         config.resident, config.waves)
+                                         config.waves)
     num_blocks = -(-tokens // per_block) * heads
     with _tilelang.device_guard(x.device):
         kernel(_words(x), _words(k), _words(v), _tilelang.aligned(w).view(-1), out, *saved, eps, clamp, scale,

@@ -96,8 +96,9 @@ Moving bits, as raw integers:
    Tuning candidates of the 16-byte kernel (`EXPAND_TUNE_CONFIGS`, not used unless
    `EXPAND_OVERRIDES` names one; benchmarks/tune.py times them): a tile of threads * units
    units, each thread loading its `units` before storing them; evict-first (st.global.cs)
-   stores to out; a persistent grid that walks the logical blocks.  Padding logical blocks
-   there take one tile of their 32 rows each.  The bytes stored are the same.
+   stores to out.  Padding logical blocks there take one tile of their 32 rows each.  The
+   bytes stored are the same.  (A persistent grid of whole-row CTAs lost by 11% in H200 runs
+   14 and 16, 719.6 and 712.6 us against 653.7 and 643.7 shipped, and is gone.)
 3. sf rows: a row-major x_sf is one more call of the row kernel (it is a
    (T, G) matrix like x).  A TMA-aligned column-major x_sf goes through a
    gather kernel that walks out_sf's storage in order (coalesced stores):
@@ -137,7 +138,6 @@ per-lane checks that block vectorization).
 
 # No `from __future__ import annotations` here: tilelang evaluates the
 # prim_func parameter annotations, which name the builders' local symbolic sizes.
-import functools
 import math
 import struct
 from typing import NamedTuple
@@ -664,7 +664,6 @@ class ExpandConfig(NamedTuple):
     threads: int = EXPAND_THREADS  # threads of a CTA
     units: int = 1  # units a thread loads (all in flight) before it stores them: a tile is threads * units
     streaming: bool = False  # out (rows and padding zeros) stored with st.global.cs (16-byte units only)
-    resident: int = 0  # > 0: persistent grid of `resident` CTAs an SM, each walking the logical blocks
 
 
 EXPAND_CONFIGS = (
@@ -685,9 +684,6 @@ EXPAND_TUNE_CONFIGS = (
     # out is written once and never read here: evict-first stores leave L2 to the write-back stream
     ExpandConfig("rows", 16, streaming=True),
     ExpandConfig("rows", 16, threads=256, units=4, streaming=True),
-    # persistent whole-row CTAs (4 of 256 threads an SM, grid-stride): no CTA launch or teardown
-    # between tokens, and the padding blocks at the end are shared out across every SM
-    ExpandConfig("rows", 16, threads=256, units=4, resident=4),
 )
 # The shipped configuration -> the configuration to use instead (any of EXPAND_TO_FUSED.configs with
 # the same stage and width), set by a tuning run.
@@ -775,12 +771,10 @@ def _build_expand_rows_tuned(config: ExpandConfig):
 
     A tile is threads * units consecutive units; thread tx loads units tile_start + j * threads + tx
     (j < units, coalesced for each j), all before its first store.  Padding logical block p zeroes
-    tile p % tiles of the rows [32 (p // tiles), + 32) that no pair reaches.  With `resident`, the
-    grid is num_blocks CTAs (a whole wave) and CTA b takes logical blocks b, b + num_blocks, ...
+    tile p % tiles of the rows [32 (p // tiles), + 32) that no pair reaches.
     """
     T = _tilelang.T()
-    unit, threads, units, streaming, resident = (config.width, config.threads, config.units, config.streaming,
-                                                 config.resident)
+    unit, threads, units, streaming = config.width, config.threads, config.units, config.streaming
     assert config.stage == "rows" and (unit == 16 or not streaming), config
     raw = "int32" if unit == 16 else RAW_DTYPES[unit]
     lanes = 4 if unit == 16 else 1
@@ -797,8 +791,6 @@ def _build_expand_rows_tuned(config: ExpandConfig):
                 if first_unit + j * threads < num_units:
                     for v in T.vectorized(lanes):
                         unit_bits[j * lanes + v] = x[token, (first_unit + j * threads) * lanes + v]
-            if resident:
-                T.sync_threads()  # the previous logical block's stores have read `positions`
             if tx < num_slots:
                 positions[tx] = token_topk_to_pos[token, tx]
             T.sync_threads()
@@ -849,19 +841,11 @@ def _build_expand_rows_tuned(config: ExpandConfig):
         total = token_blocks + T.ceildiv(T.Cast("int64", num_rows), PAD_ROWS) * tiles
         with T.Kernel(num_blocks, threads=threads,
                       prelude=_tilelang.STORE16_STREAM_PRELUDE if streaming else None) as block:
-            if resident:
-                T.annotate_min_blocks_per_sm(resident)
             tx = T.get_thread_binding()
             positions = T.alloc_shared((MAX_K,), "int32")
             unit_bits = T.alloc_local((units * lanes,), raw)
-            start = T.alloc_var("int64", init=block_offset + block)
-            if resident:
-                # one wave of CTAs: CTA b takes logical blocks b, b + num_blocks, b + 2 num_blocks, ...
-                for step in T.serial(T.Cast("int32", T.truncdiv(total - start + num_blocks - 1, num_blocks))):
-                    move(x, token_topk_to_pos, row_src, out, positions, unit_bits,
-                         start + T.Cast("int64", step) * num_blocks, tx, token_blocks, total, tiles)
-            else:
-                move(x, token_topk_to_pos, row_src, out, positions, unit_bits, start, tx, token_blocks, total, tiles)
+            move(x, token_topk_to_pos, row_src, out, positions, unit_bits, block_offset + block, tx, token_blocks,
+                 total, tiles)
 
     return expand_rows
 
@@ -947,12 +931,7 @@ def _expand_rows(src: torch.Tensor, token_topk_to_pos: torch.Tensor, row_src: to
                          f"(at most {_tilelang.MAX_DIM} units of {unit} bytes)")
     tiles = _ceildiv(num_units, config.threads * config.units)
     total = (src.shape[0] + _ceildiv(out.shape[0], PAD_ROWS)) * tiles
-    args = (_as_units(src, unit), token_topk_to_pos, row_src, _as_units(out, unit))
-    if config.resident:  # one wave of persistent CTAs walks every logical block
-        grid = min(total, _multiprocessors(src.device.index or 0) * config.resident)
-        kernel(*args, grid, 0)
-    else:
-        _tilelang.launch_in_pieces(kernel, total, *args)
+    _tilelang.launch_in_pieces(kernel, total, _as_units(src, unit), token_topk_to_pos, row_src, _as_units(out, unit))
 
 
 def expand_rows_config(unit: int) -> ExpandConfig:
@@ -960,11 +939,6 @@ def expand_rows_config(unit: int) -> ExpandConfig:
     (EXPAND_OVERRIDES)."""
     shipped = ExpandConfig("rows", unit)
     return EXPAND_OVERRIDES.get(shipped, shipped)
-
-
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _expand_sf_columns(x_sf: torch.Tensor, row_src: torch.Tensor, num_rows: int, target) -> torch.Tensor:

@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from tkverify import registry
+from tkverify import bench, registry
 
 METRICS = ",".join((
     "gpu__time_duration.sum",
@@ -35,32 +35,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-k", default="", help="comma list of op-name substrings (default: every op)")
     args = parser.parse_args()
-    words = [w for w in args.k.split(",") if w]
     device = torch.device("cuda")
-    nbytes = 2 * 2**30
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    src = torch.empty(2 * 2**30, dtype=torch.uint8, device=device)
     torch.empty_like(src).copy_(src)  # the reference: what the bench's copy bandwidth measures
     del src
-    for spec in registry.all_specs():
-        if words and not any(w in spec.name for w in words):
+    for entry in bench.select(registry.all_specs(), args.k):  # the bench's shapes, forward then backward
+        impl = entry.impls.get("tilelang")
+        if impl is None or impl.unavailable_reason():
             continue
-        parts = [("forward", spec.bench, spec.impls)]
-        if spec.backward is not None:
-            parts.append(("backward", spec.backward.bench, spec.backward.impls))
-        for part, shapes, impls in parts:
-            impl = impls.get("tilelang")
-            if impl is None or impl.unavailable_reason():
-                continue
-            for shape in shapes:
-                inputs, params = shape.make(device)
-                fn = impl.function()
-                for _ in range(2):
-                    fn(**inputs, **params)
-                torch.cuda.synchronize()
-                print(f"# {spec.name} {part} [{shape.name}]: spec bytes {shape.nbytes(inputs, params)}"
-                      + (f", written {shape.written(inputs, params)}" if shape.written else ""), flush=True)
-                del inputs
-                torch.cuda.empty_cache()
+        inputs, params = entry.shape.make(device)
+        fn = impl.function()
+        for _ in range(2):
+            fn(**inputs, **params)
+        torch.cuda.synchronize()
+        print(f"# {entry.label} [{entry.shape.name}]: spec bytes {entry.shape.nbytes(inputs, params)}"
+              + (f", written {entry.shape.written(inputs, params)}" if entry.shape.written else ""), flush=True)
+        del inputs
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
