@@ -5,7 +5,8 @@
 
 For each op with benchmark shapes (the registry's `BenchShape`s; -k picks ops by substring),
 the tilelang implementation is called twice (the first call compiles or loads; ncu counts
-both), and a 2 GiB device-to-device copy is made once as the reference the bench divides by.
+both), and a 2 GiB device-to-device copy and a 2 GiB fill are made once, the references the bench
+divides by (copy bandwidth, write-only rate).
 The counters say, per kernel launch: the bytes DRAM really moved (read and written; against
 the bytes the spec counts), the DRAM throughput as a share of its sustained peak, and the
 SMs' own throughput share: a kernel whose DRAM share is near the copy's is bound by DRAM, one
@@ -37,8 +38,10 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     src = torch.empty(2 * 2**30, dtype=torch.uint8, device=device)
-    torch.empty_like(src).copy_(src)  # the reference: what the bench's copy bandwidth measures
-    del src
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # the reference: what the bench's copy bandwidth measures
+    dst.fill_(0)  # and its write-only rate
+    del src, dst
     for entry in bench.select(registry.all_specs(), args.k):  # the bench's shapes, forward then backward
         impl = entry.impls.get("tilelang")
         if impl is None or impl.unavailable_reason():

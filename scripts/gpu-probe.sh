@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# What bounds the kernels that miss their bandwidth targets (issue 8's "measured reason"), on the H200:
+#   source .gpu/setup.sh && bash scripts/gpu-probe.sh [ops for dram_counters -k]
+# 1. scripts/write_rate.cu: DRAM write-only rate by the way the writes are issued (is fill_ the ceiling?)
+# 2. Nsight Compute over scripts/dram_counters.py: per launch, DRAM bytes and throughput, SM throughput,
+#    warp stall reasons, occupancy, registers (sections SpeedOfLight, WarpStateStats, Occupancy,
+#    LaunchStats, MemoryWorkloadAnalysis; the raw page, every metric a column).
+# Output under $OUT/probe (the ncu CSV gzipped).
+set -uo pipefail
+P="${OUT:-/tmp/out}/probe"; mkdir -p "$P"
+export PYTHONUNBUFFERED=1 TILELANG_CACHE_DIR="$PWD/.cache/tilelang"
+[ -f .cache/tilelang.tar.xz ] && [ ! -d .cache/tilelang ] && tar -C .cache -xJf .cache/tilelang.tar.xz
+python3 -m pip install -q --no-deps --no-index --no-build-isolation -e . >/dev/null 2>&1 || export PYTEST_ADDOPTS="-p tkverify.plugin"
+start=$SECONDS
+nvcc -O3 -arch=sm_90 -o /tmp/write_rate scripts/write_rate.cu >"$P/write_rate.log" 2>&1 \
+  && timeout 120 /tmp/write_rate 2048 >>"$P/write_rate.log" 2>&1
+echo "=== write_rate: rc=$?, $((SECONDS - start)) s" | tee -a "$P/steps.txt"
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+echo "ncu: ${NCU:-none}; $($NCU --version 2>&1 | tail -1)" | tee -a "$P/steps.txt"
+if [ -n "$NCU" ]; then
+  start=$SECONDS
+  timeout "${PROBE_SECONDS:-300}" "$NCU" --csv --page raw --section SpeedOfLight --section WarpStateStats \
+    --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    --metrics dram__bytes_read.sum,dram__bytes_write.sum \
+    --kernel-name regex:'engram|expand|cast|transpose|copy|Fill|elementwise|swiglu' \
+    python3 scripts/dram_counters.py -k "${1:-engram,expand,cast,swiglu,transpose}" >"$P/ncu.csv" 2>"$P/ncu.err"
+  echo "=== ncu: rc=$?, $((SECONDS - start)) s" | tee -a "$P/steps.txt"
+  gzip -f "$P/ncu.csv"
+fi

@@ -1,0 +1,157 @@
+// How fast can an H200 write DRAM, and does the way the writes are issued change it?
+//
+//   nvcc -O3 -arch=sm_90 -o write_rate scripts/write_rate.cu && ./write_rate [MiB]
+//
+// The bench divides expand_to_fused's bytes (90% of them writes) by the copy bandwidth, and measures
+// the write-only rate with torch's fill_.  If fill_ is not the ceiling, a kernel that writes some
+// other way could beat it.  Each line: a way of writing (or reading) a buffer of MiB (default 2048),
+// the median of 20 timed launches (CUDA events, after 3 untimed), the bytes moved over that time.
+//   st.v4       16-byte stores, grid-stride, at several grids
+//   st.cs.v4    the same with the evict-first hint
+//   bulk        TMA bulk stores (cp.async.bulk.global.shared::cta) of a zeroed shared buffer
+//   memset      cudaMemsetAsync
+//   copy        16-byte loads and stores, read + write counted (what the bench's copy measures)
+//   read        16-byte loads, summed (read-only)
+//   fanout8     expand's shape: each 16-byte unit read once, written to 8 places (read + 8 writes)
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
+  std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); std::exit(1); } } while (0)
+
+__global__ void st_v4(uint4* p, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    p[i] = make_uint4(0, 0, 0, 0);
+}
+
+__global__ void st_cs_v4(uint4* p, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %1, %1, %1};" :: "l"(p + i), "r"(0) : "memory");
+}
+
+// Each CTA stores `chunk` bytes of zeros from shared memory at a time, CTA b taking chunks b, b + grid, ...
+__global__ void bulk_store(char* p, size_t bytes, unsigned chunk) {
+  extern __shared__ __align__(128) char zeros[];
+  for (unsigned i = threadIdx.x; i < chunk / 16; i += blockDim.x) reinterpret_cast<uint4*>(zeros)[i] = make_uint4(0, 0, 0, 0);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(zeros));
+    for (size_t off = blockIdx.x * (size_t)chunk; off < bytes; off += (size_t)gridDim.x * chunk) {
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" :: "l"(p + off), "r"(s), "r"(chunk)
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      asm volatile("cp.async.bulk.wait_group.read 8;" ::: "memory");  // at most 8 in flight a CTA
+    }
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  }
+}
+
+__global__ void copy_v4(const uint4* __restrict__ s, uint4* __restrict__ d, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) d[i] = s[i];
+}
+
+__global__ void read_v4(const uint4* __restrict__ s, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint4 v = s[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;  // keeps the loads
+}
+
+// n units of the source, each written to 8 destinations n units apart (the output is 8 n units).
+__global__ void fanout8(const uint4* __restrict__ s, uint4* __restrict__ d, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint4 v = s[i];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) d[i * 8 + j] = v;  // row i's 8 copies are adjacent, as expand's slots mostly are not
+  }
+}
+
+template <class F>
+static double median_us(F launch) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) launch();
+  std::vector<float> t;
+  for (int i = 0; i < 20; ++i) {
+    CHECK(cudaEventRecord(a));
+    launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.0f);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+static void line(const char* what, int grid, int threads, double bytes, double us) {
+  std::printf("%-10s grid %6d x %4d  %9.1f us  %6.3f TB/s\n", what, grid, threads, us, bytes / us / 1e6);
+}
+
+int main(int argc, char** argv) {
+  size_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 2048;
+  size_t bytes = mib << 20, n = bytes / 16;
+  int sms;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# %s, %d SMs, L2 %d MiB, buffer %zu MiB\n", prop.name, sms, prop.l2CacheSize >> 20, mib);
+  char *a, *b;
+  unsigned* sink;
+  CHECK(cudaMalloc(&a, bytes));
+  CHECK(cudaMalloc(&b, bytes));
+  CHECK(cudaMalloc(&sink, 4));
+  CHECK(cudaMemset(a, 1, bytes));
+  for (int threads : {256, 512, 1024})
+    for (int per_sm : {1, 2, 4, 8, 16}) {
+      int grid = sms * per_sm;
+      if (threads * per_sm > 2048) continue;
+      line("st.v4", grid, threads, bytes, median_us([&] { st_v4<<<grid, threads>>>((uint4*)b, n); }));
+    }
+  for (int per_sm : {4, 8}) {
+    int grid = sms * per_sm;
+    line("st.cs.v4", grid, 256, bytes, median_us([&] { st_cs_v4<<<grid, 256>>>((uint4*)b, n); }));
+  }
+  line("st.v4", (int)(n / 256), 256, bytes,  // one unit a thread, no loop
+       median_us([&] { st_v4<<<(unsigned)(n / 256), 256>>>((uint4*)b, n); }));
+  CHECK(cudaFuncSetAttribute(bulk_store, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+  for (unsigned chunk : {4096u, 16384u, 65536u})
+    for (int per_sm : {1, 2, 4}) {
+      int grid = sms * per_sm;
+      if (chunk * per_sm > 200 * 1024) continue;
+      char what[32];
+      std::snprintf(what, sizeof what, "bulk%uK", chunk / 1024);
+      line(what, grid, 32, bytes, median_us([&] { bulk_store<<<grid, 32, chunk>>>(b, bytes, chunk); }));
+    }
+  line("memset", 0, 0, bytes, median_us([&] { CHECK(cudaMemsetAsync(b, 0, bytes)); }));
+  for (int per_sm : {4, 8})
+    line("copy", sms * per_sm, 256, 2.0 * bytes,
+         median_us([&] { copy_v4<<<sms * per_sm, 256>>>((const uint4*)a, (uint4*)b, n); }));
+  line("copy", (int)(n / 256), 256, 2.0 * bytes,
+       median_us([&] { copy_v4<<<(unsigned)(n / 256), 256>>>((const uint4*)a, (uint4*)b, n); }));
+  for (int per_sm : {4, 8})
+    line("read", sms * per_sm, 256, bytes,
+         median_us([&] { read_v4<<<sms * per_sm, 256>>>((const uint4*)a, n, sink); }));
+  size_t n8 = n / 8;  // source units whose 8 copies fill the buffer
+  for (int per_sm : {4, 8})
+    line("fanout8", sms * per_sm, 256, bytes + bytes / 8.0,
+         median_us([&] { fanout8<<<sms * per_sm, 256>>>((const uint4*)a, (uint4*)b, n8); }));
+  // The same checked: the bulk stores wrote zeros everywhere.
+  CHECK(cudaMemset(b, 0xAB, bytes));
+  bulk_store<<<sms, 32, 16384>>>(b, bytes, 16384);
+  CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned char> host(bytes);
+  CHECK(cudaMemcpy(host.data(), b, bytes, cudaMemcpyDeviceToHost));
+  size_t bad = std::count_if(host.begin(), host.end(), [](unsigned char c) { return c != 0; });
+  std::printf("# bulk store check: %zu nonzero bytes of %zu\n", bad, bytes);
+  return 0;
+}
