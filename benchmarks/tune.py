@@ -14,7 +14,8 @@ moe.expand_to_fused at the bench's T 16384, K 8, H 7168 bf16, inputs and bytes a
 gives them to the bench, the time including the row map kernel).
 For each candidate (`kernels.quant.TOKEN_TUNE_CONFIGS` of that source, dtype and
 format, `kernels.mhc.POST_TUNE_CONFIGS` of that padded m, `kernels.engram.FWD_TUNE_CONFIGS` /
-`BWD_TUNE_CONFIGS` of the shipped configuration's thread count, `kernels.moe.EXPAND_TUNE_CONFIGS`
+`BWD_TUNE_CONFIGS` covering rows as the shipped configuration does (`engram.row_chunks`: threads x
+chunks; a forward candidate may have fewer threads, each owning more chunks), `kernels.moe.EXPAND_TUNE_CONFIGS`
 of the row kernel's 16-byte unit) the wrapper is pointed
 at it through `kernels.quant.TOKEN_OVERRIDES` / `kernels.mhc.POST_OVERRIDES` /
 `kernels.engram.FWD_OVERRIDES` / `BWD_OVERRIDES` / `kernels.moe.EXPAND_OVERRIDES` (keyed by the
@@ -78,17 +79,18 @@ def _post_target(vectorized: bool, padded: int) -> Target:
 
 
 def _engram_target(backward: bool) -> Target:
-    """Keyed by the shipped configuration of H; candidates of its thread count."""
+    """Keyed by the shipped configuration of H; candidates that cover its rows (threads x chunks: a forward
+    candidate of 256 threads x 2 chunks serves the 512-thread group)."""
     from kernels import engram
 
     if backward:
         shipped = engram.bwd_config(ENGRAM_HIDDEN, ENGRAM_HEADS)
         return Target(engram.GATE_BWD, engram.BWD_OVERRIDES, engram.config_for_hidden(ENGRAM_HIDDEN), shipped,
-                      tuple(c for c in engram.BWD_TUNE_CONFIGS if c.threads == shipped.threads),
+                      tuple(c for c in engram.BWD_TUNE_CONFIGS if engram.row_chunks(c) == engram.row_chunks(shipped)),
                       ((engram.GRAD_W_REDUCE, engram.ReduceConfig()),))
     shipped = engram.fwd_config(ENGRAM_HIDDEN)
     return Target(engram.GATE_FWD, engram.FWD_OVERRIDES, engram.config_for_hidden(ENGRAM_HIDDEN), shipped,
-                  tuple(c for c in engram.FWD_TUNE_CONFIGS if c.threads == shipped.threads))
+                  tuple(c for c in engram.FWD_TUNE_CONFIGS if engram.row_chunks(c) == engram.row_chunks(shipped)))
 
 
 def _expand_target() -> Target:

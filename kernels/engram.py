@@ -19,7 +19,9 @@ threads (the static configuration: 128, 512 or 896, serving H <= 1024, 4096,
 elements = 16 bytes, so that every load and store of x, k, v, grad_out, out,
 grad_x, grad_k, grad_v is one 16-byte vector (x, k, v, grad_out are read as
 int32 words; bf16 element 2p is the low half of word p) and a warp touches
-512 contiguous bytes.  Threads i >= H / 8 hold zeros and store nothing.
+512 contiguous bytes.  Threads i >= H / 8 hold zeros and store nothing.  (A forward
+tuning candidate may give a thread several chunks of a row: see ``chunks`` under Static
+configurations; the shipped kernels own one.)
 
 Rows are software-pipelined through a ring of ``stages`` slots in shared
 memory (the forward always, FWD_STAGES = 4; the backward up to 512 threads,
@@ -106,15 +108,32 @@ intervals.  Every global access is guarded by hand (tilelang's safe-memory
 legalisation is disabled, as in the other families).
 
 Static configurations: gate_fwd and gate_bwd, each by threads (128, 512,
-896; the ring depths are constants, not configurations); grad_w_reduce one.  T, hc, H, eps, clamp, the block sizes are runtime
-values.  Tuning candidates (`FWD_TUNE_CONFIGS`, `BWD_TUNE_CONFIGS`, all at 512
-threads; not used unless `FWD_OVERRIDES` / `BWD_OVERRIDES`, keyed by the shipped
-configuration, name one: benchmarks/tune.py times them) vary the GateConfig knobs
-whose defaults are the shipped kernels above: the ring's depth, the forward's
-waves, the forward's interleaved token order (token block j of
-G takes tokens j, j + G, ...), evict-first (st.global.cs) stores, and the
-backward's v copied once a token.  None changes a row's arithmetic or the
-backward's blocks, so every output keeps its bits.
+896; the ring depths are constants, not configurations); grad_w_reduce one.  T, hc, H, eps, clamp,
+the block sizes are runtime values.  Tuning candidates (`FWD_TUNE_CONFIGS`, `BWD_TUNE_CONFIGS`, all
+serving the shipped 512-thread configuration, H 1025 .. 4096; not used unless `FWD_OVERRIDES` /
+`BWD_OVERRIDES`, keyed by the shipped configuration, name one: benchmarks/tune.py times them) vary
+the GateConfig knobs whose defaults are the shipped kernels above: the ring's depth, the forward's
+waves, the forward's interleaved token order (token block j of G takes tokens j, j + G, ...),
+evict-first (st.global.cs) stores, the backward's v copied once a token, and the forward's
+``chunks`` with its ``ctas_per_sm``.
+
+``chunks`` (forward only; 1 ships): the 16-byte chunks of a row a thread owns, chunks
+q threads + tx for q < chunks (chunk set q; a warp still touches 512 contiguous bytes a set), so
+a CTA of threads * chunks / 32 <= 32 "virtual warps" covers rows of up to 8 threads chunks
+elements with fewer threads: an SM then holds more, smaller CTAs and has more rows in their
+reduction at once (the shipped 512-thread forward has 2 an SM), for the same bits.  Each set keeps
+its own 8-term partial sums, butterflied on its own; lane 0 writes set q's warp sum at slot
+q threads / 32 + warp, the warp that owns those chunks in a CTA of threads * chunks threads, and
+after the barrier the threads * chunks / 32 warp sums go through the same butterfly: the tree of
+the one-chunk kernel of threads * chunks threads, so every output (out, d, g, rx, rk) has its bits.
+The ring's slots hold 3 operands x threads * chunks chunks (each thread copies and reads back its
+own chunks only: still no barrier for the data): stages * 48 B * threads * chunks of shared memory
+a CTA, besides the 768 B of reduction slots.  ``ctas_per_sm`` sets the CTAs resident an SM (the
+launch bounds and the grid's waves; 0: FWD_RESIDENT[threads]).  Candidates (ptxas, sm_90, no
+spills): 256 threads x 2 chunks, 2 slots, 4 an SM (48 KiB a CTA, 64 registers: at the launch
+bounds' cap); 256 x 2, 3 slots, 3 an SM (72 KiB, 76 registers); 128 x 4, 2 slots, 4 an SM (48 KiB,
+120 registers).  None of the knobs changes a row's arithmetic or the backward's blocks, so every
+output keeps its bits.
 """
 
 # No `from __future__ import annotations` here: tilelang evaluates the
@@ -164,13 +183,21 @@ REDUCE_COLUMNS = WARP * 4  # grad_w elements a reduce CTA takes (a float4 per la
 
 
 class GateConfig(NamedTuple):
-    threads: int  # threads of a CTA, one 16-byte chunk of every row each: H <= 8 * threads
+    threads: int  # threads of a CTA, `chunks` 16-byte chunks of every row each: H <= 8 * threads * chunks
     # Tuning knobs (the defaults are the shipped kernels; see FWD_TUNE_CONFIGS, BWD_TUNE_CONFIGS):
     stages: int = 0  # ring slots; 0: the kernel's own (FWD_STAGES, BWD_STAGES)
     interleave: bool = False  # forward: token block j takes tokens j, j + G, j + 2G, ... (G blocks)
     waves: int = 0  # forward: the grid is this many waves of resident CTAs; 0: FWD_WAVES
     streaming: bool = False  # out (forward), grad_x, grad_k, grad_v (backward) stored with st.global.cs
     v_once: bool = False  # backward: v copied at a token's head 0 only, kept in registers for its other heads
+    # forward: 16-byte chunks of a row a thread owns, chunks q * threads + tx for q < chunks (a warp still
+    # touches 512 contiguous bytes a set); each set keeps its own partial sums, reduced as the warp
+    # q * threads / 32 + warp of a threads * chunks CTA would (the same bits); threads * chunks <= 1024
+    chunks: int = 1
+    # forward: CTAs resident an SM, asked for through the launch bounds (registers <= 65536 / (threads
+    # * ctas_per_sm)) and the grid's waves; 0: FWD_RESIDENT[threads] (a candidate of another thread count
+    # must name it).  Not the persistent-grid `resident` knob removed before: the grid is still `waves` waves.
+    ctas_per_sm: int = 0
 
 
 class ReduceConfig(NamedTuple):
@@ -206,6 +233,17 @@ FWD_TUNE_CONFIGS = (
     GateConfig(512, stages=3, waves=16),
     # H200 run 16 at 8 waves: evict-first stores 116.5 us and 3 slots 117.2 us against 117.1 shipped; both
     GateConfig(512, stages=3, streaming=True),
+    # More rows in their reduction at once an SM (the shipped 2 CTAs of 512 have 2): smaller CTAs, each
+    # thread owning `chunks` chunks of a row, so that a row's barrier and butterflies wait on fewer threads
+    # and more of them overlap; the same 4096-element rows and the same summation tree (same bits).
+    # 4 CTAs of 256 an SM (1024 threads, <= 64 registers): 4 rows reduced at once, a 2-slot ring of
+    # 48 KiB each (1 row of x, k, v in flight a CTA: 96 KiB an SM against the shipped 144 KiB)
+    GateConfig(256, chunks=2, stages=2, ctas_per_sm=4),
+    # 3 CTAs of 256 with 3-slot rings of 72 KiB (the shipped 144 KiB in flight an SM, 3 rows reduced at once)
+    GateConfig(256, chunks=2, stages=3, ctas_per_sm=3),
+    # 4 CTAs of 128 (4 warps), 4 chunks a thread, 2-slot rings of 48 KiB: 4 rows at once, each reduced
+    # over 4 warps only (512 threads an SM: up to 128 registers a thread)
+    GateConfig(128, chunks=4, stages=2, ctas_per_sm=4),
 )
 BWD_TUNE_CONFIGS = (
     # 4 slots: 3 rows (96 KiB) in flight instead of 2 (the CTA is alone on its SM); the ring then
@@ -221,6 +259,23 @@ BWD_TUNE_CONFIGS = (
 # GATE_FWD.configs / GATE_BWD.configs), for a tuning run.
 FWD_OVERRIDES: dict[GateConfig, GateConfig] = {}
 BWD_OVERRIDES: dict[GateConfig, GateConfig] = {}
+
+
+def row_chunks(config: GateConfig) -> int:
+    """The 16-byte chunks of a row a CTA of `config` covers (threads * chunks): rows up to 8 times that
+    many elements.  Forward tuning candidates serve the shipped configuration of equal coverage."""
+    return config.threads * config.chunks
+
+
+def fwd_resident(config: GateConfig) -> int:
+    """Forward CTAs of `config` resident an SM: its ctas_per_sm, else FWD_RESIDENT[threads]."""
+    return config.ctas_per_sm or FWD_RESIDENT[config.threads]
+
+
+def _fwd_shared_bytes(config: GateConfig) -> int:
+    """The forward's shared memory a CTA: the ring (stages x 3 operands x 16-byte chunks) and the
+    reduction slots (2 parities x 3 sums x 32 warps of fp32)."""
+    return (config.stages or FWD_STAGES) * 3 * row_chunks(config) * 16 + 2 * 3 * WARP * 4
 
 
 def config_for_hidden(hidden: int) -> GateConfig:
@@ -244,32 +299,51 @@ def _hi(T, word):
     return T.reinterpret(T.bitwise_and(T.Cast("uint32", word), T.uint32(0xFFFF0000)), "float32")
 
 
-def _macros(T, nw):
+def _at(offset: int, index):
+    """offset + index, or index itself at offset 0 (no `0 + i` in the IR: chunk set 0 of a
+    several-chunk kernel is written exactly as the one-chunk kernel's only set)."""
+    return index if offset == 0 else offset + index
+
+
+def _macros(T, nw, sets=1):
     """(unpack, block_sum, clear, load_weights) macros.
 
-    unpack(words, base, vals): vals[0:8] <- the 8 bf16 of words[base:base + 4], as fp32.
+    unpack(words, base, vals, at=0): vals[at:at + 8] <- the 8 bf16 of words[base:base + 4], as fp32.
     clear(bufs, n, value): bufs[i][0:n] <- value, for each buffer of the tuple bufs.
-    load_weights(w, wl, head, hv, tx): wl[0:8] <- chunk tx of row `head` of the flat w, as two float4.
+    load_weights(w, wl, head, hv, tx, at=0): wl[at:at + 8] <- chunk tx of row `head` of the flat w,
+    as two float4.
     block_sum(values, count, red, parity, lane, warp): sums each of values[0:count] over the CTA.
 
     Warp butterflies, lane 0 of each warp into red[parity, slot, warp], one barrier, then the
     nw warp sums (padded with zeros to a warp) through the same butterfly in every warp: every
-    thread gets the same bits.  `red` has 2 * count * 32 fp32 (two parities)."""
+    thread gets the same bits.  `red` has 2 * count * 32 fp32 (two parities).
+
+    With sets > 1 (the forward's `chunks`: a thread holds `sets` chunk sets of a row) values holds
+    sets * count partial sums, set q's at [q * count, (q + 1) * count); each is butterflied on its
+    own and lane 0 writes set q's warp sum at the slot of warp q * (nw / sets) + warp (the warp of
+    a CTA of nw warps that would own those chunks), and after the barrier the nw warp sums go
+    through the same butterfly: the same tree, hence the same bits, as a CTA of nw warps."""
+    assert nw <= WARP and nw % sets == 0, (nw, sets)
+    set_warps = nw // sets
+    chunk_sets = tuple(range(sets))
 
     @T.macro
-    def unpack(words, base, vals):
+    def unpack(words, base, vals, at=0):
         for p in T.unroll(WORDS):
-            vals[2 * p] = _lo(T, words[base + p])
-            vals[2 * p + 1] = _hi(T, words[base + p])
+            vals[_at(at, 2 * p)] = _lo(T, words[base + p])
+            vals[_at(at, 2 * p + 1)] = _hi(T, words[base + p])
 
     @T.macro
     def block_sum(values, count, red, parity, lane, warp):
-        for i in T.unroll(count):
-            for s in T.unroll(5):
-                values[i] = values[i] + T.shfl_xor(values[i], 16 >> s)
-        if lane == 0:
+        for q in chunk_sets:
             for i in T.unroll(count):
-                red[(parity * count + i) * WARP + warp] = values[i]
+                for s in T.unroll(5):
+                    values[_at(q * count, i)] = values[_at(q * count, i)] + T.shfl_xor(values[_at(q * count, i)],
+                                                                                       16 >> s)
+        if lane == 0:
+            for q in chunk_sets:
+                for i in T.unroll(count):
+                    red[(parity * count + i) * WARP + _at(q * set_warps, warp)] = values[_at(q * count, i)]
         T.sync_threads()
         for i in T.unroll(count):
             values[i] = T.if_then_else(lane < nw, red[(parity * count + i) * WARP + lane], T.float32(0))
@@ -283,10 +357,10 @@ def _macros(T, nw):
                 buf[e] = value
 
     @T.macro
-    def load_weights(w, wl, head, hv, tx):
+    def load_weights(w, wl, head, hv, tx, at=0):
         for half in T.unroll(2):
             for e in T.vectorized(CHUNK // 2):
-                wl[half * (CHUNK // 2) + e] = w[(head * hv + tx) * CHUNK + half * (CHUNK // 2) + e]
+                wl[_at(at, half * (CHUNK // 2) + e)] = w[(head * hv + tx) * CHUNK + half * (CHUNK // 2) + e]
 
     return unpack, block_sum, clear, load_weights
 
@@ -296,7 +370,8 @@ def _ring_macros(T, nt):
 
     copy_chunk(ring, slot, tx, src): cp.async (16 bytes, L2 only) of the 4 int32 words at the
     global element src into chunk tx of ring slot `slot`.
-    take_chunk(ring, slot, tx, words): words[0:4] <- chunk tx of slot `slot` (one 16-byte load).
+    take_chunk(ring, slot, tx, words, at=0): words[at:at + 4] <- chunk tx of slot `slot` (one
+    16-byte load).
     A thread reads only the chunks that it copied itself, so its own cp.async.wait_group orders
     them; no other thread's progress is involved.  A warp's 32 chunks are 512 contiguous bytes
     (conflict-free)."""
@@ -307,9 +382,9 @@ def _ring_macros(T, nt):
                        T.access_ptr(src, "r", extent=WORDS), WORDS)
 
     @T.macro
-    def take_chunk(ring, slot, tx, words):
+    def take_chunk(ring, slot, tx, words, at=0):
         for e in T.vectorized(WORDS):
-            words[e] = ring[(slot * nt + tx) * WORDS + e]
+            words[_at(at, e)] = ring[(slot * nt + tx) * WORDS + e]
 
     return copy_chunk, take_chunk
 
@@ -321,27 +396,34 @@ def build_gate_fwd(config: GateConfig):
     """prim_func(x, k, v, w, out, d, g, rx, rk, eps, clamp, scale, inv_h, tokens_per_block, num_blocks).
 
     x, k, v as int32 words (two bf16 each); block b takes head b % hc of tokens
-    [(b // hc) tpb, (b // hc + 1) tpb)."""
+    [(b // hc) tpb, (b // hc + 1) tpb).  Thread tx owns the row's chunks q nt + tx, q < chunks
+    (chunk set q); everything below written for set q is, at q = 0, the one-chunk kernel's code."""
     T = _tilelang.T()
     nt = config.threads
+    chunks = config.chunks
+    span = row_chunks(config)  # chunks of a row the CTA covers: a ring slot's chunks per operand
     stages = config.stages or FWD_STAGES
-    resident = FWD_RESIDENT[nt]
+    resident = fwd_resident(config)
     interleave, streaming = config.interleave, config.streaming
     assert stages >= 2 and not config.v_once, config
-    unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
-    copy_chunk, take_chunk = _ring_macros(T, nt)
+    assert chunks >= 1 and nt % WARP == 0 and span <= WARP * WARP, f"at most 32 (virtual) warps: {config}"
+    assert _fwd_shared_bytes(config) <= MAX_SHARED_PER_CTA, config
+    unpack, block_sum, clear, load_weights = _macros(T, span // WARP, sets=chunks)
+    copy_chunk, take_chunk = _ring_macros(T, span)
+    chunk_sets = tuple(range(chunks))  # a Python loop: each set's code is written out
     num_tokens, heads, hv, n_w = T.dynamic("num_tokens, heads, hv, n_w")  # hv = H / 8 chunks a row
 
     @T.macro
     def issue_row(x, k, v, ring, t, t1, h, tx, key=None):
-        # row t's chunk tx of x, k, v into ring slot key % stages (key: t, or the CTA's row count when
-        # interleaved); one commit group a row, empty past the rows
+        # row t's chunks q nt + tx of x, k, v into ring slot key % stages (key: t, or the CTA's row count
+        # when interleaved); one commit group a row, empty past the rows
         if t < t1:
-            if tx < hv:
-                slot = T.truncmod(t if key is None else key, stages) * 3
-                copy_chunk(ring, slot, tx, x[t, h, tx * WORDS])
-                copy_chunk(ring, slot + 1, tx, k[t, h, tx * WORDS])
-                copy_chunk(ring, slot + 2, tx, v[t, tx * WORDS])
+            for q in chunk_sets:
+                if _at(q * nt, tx) < hv:
+                    slot = T.truncmod(t if key is None else key, stages) * 3
+                    copy_chunk(ring, slot, _at(q * nt, tx), x[t, h, _at(q * nt, tx) * WORDS])
+                    copy_chunk(ring, slot + 1, _at(q * nt, tx), k[t, h, _at(q * nt, tx) * WORDS])
+                    copy_chunk(ring, slot + 2, _at(q * nt, tx), v[t, _at(q * nt, tx) * WORDS])
         T.ptx_commit_group()
 
     @T.macro
@@ -349,19 +431,25 @@ def build_gate_fwd(config: GateConfig):
                     ov, eps, clamp, scale, inv_h, key=None):
         # Every word of the slot is read before the reduction's barrier, which orders these reads
         # before the cp.async that refills the slot (issued after the barrier).
-        if tx < hv:
-            slot = T.truncmod(t if key is None else key, stages) * 3
-            take_chunk(ring, slot, tx, xw)
-            take_chunk(ring, slot + 1, tx, kw)
-            take_chunk(ring, slot + 2, tx, vw)
-        unpack(xw, 0, xv)
-        unpack(kw, 0, kv)
-        for i in T.unroll(3):
+        for q in chunk_sets:
+            if _at(q * nt, tx) < hv:
+                slot = T.truncmod(t if key is None else key, stages) * 3
+                take_chunk(ring, slot, _at(q * nt, tx), xw, at=q * WORDS)
+                take_chunk(ring, slot + 1, _at(q * nt, tx), kw, at=q * WORDS)
+                take_chunk(ring, slot + 2, _at(q * nt, tx), vw, at=q * WORDS)
+        for q in chunk_sets:
+            unpack(xw, q * WORDS, xv, at=q * CHUNK)
+            unpack(kw, q * WORDS, kv, at=q * CHUNK)
+        for i in T.unroll(3 * chunks):
             sums[i] = T.float32(0)
-        for e in T.unroll(CHUNK):
-            sums[0] = sums[0] + xv[e] * xv[e]
-            sums[1] = sums[1] + kv[e] * kv[e]
-            sums[2] = sums[2] + (xv[e] * wl[e]) * kv[e]
+        # set q's 8 terms in order into sums[3 q:3 q + 3]: the partial sums of the thread that owns
+        # these chunks in a one-chunk kernel
+        for q in chunk_sets:
+            for e in T.unroll(CHUNK):
+                sums[q * 3] = sums[q * 3] + xv[_at(q * CHUNK, e)] * xv[_at(q * CHUNK, e)]
+                sums[q * 3 + 1] = sums[q * 3 + 1] + kv[_at(q * CHUNK, e)] * kv[_at(q * CHUNK, e)]
+                sums[q * 3 + 2] = sums[q * 3 + 2] + (xv[_at(q * CHUNK, e)] * wl[_at(q * CHUNK, e)]) * kv[
+                    _at(q * CHUNK, e)]
         block_sum(sums, 3, red, parity, lane, warp)
         r_x = T.alloc_var("float32", init=T.rsqrt(sums[0] * inv_h + eps))
         r_k = T.alloc_var("float32", init=T.rsqrt(sums[1] * inv_h + eps))
@@ -370,16 +458,17 @@ def build_gate_fwd(config: GateConfig):
         a = T.alloc_var("float32", init=T.if_then_else(
             z > T.float32(0), root, T.if_then_else(z < T.float32(0), -root, T.float32(0))))
         gate = T.alloc_var("float32", init=T.float32(1) / (T.float32(1) + T.exp(-a)))
-        if tx < hv:
-            unpack(vw, 0, vv)
-            for e in T.unroll(CHUNK):
-                ov[e] = T.Cast("bfloat16", xv[e] + gate * vv[e])
-            if streaming:
-                T.call_extern("handle", _tilelang.STORE16_STREAM, T.address_of(out[t, h, tx * CHUNK]),
-                              T.address_of(ov[0]))
-            else:
-                for e in T.vectorized(CHUNK):
-                    out[t, h, tx * CHUNK + e] = ov[e]
+        for q in chunk_sets:
+            if _at(q * nt, tx) < hv:
+                unpack(vw, q * WORDS, vv)
+                for e in T.unroll(CHUNK):
+                    ov[e] = T.Cast("bfloat16", xv[_at(q * CHUNK, e)] + gate * vv[e])
+                if streaming:
+                    T.call_extern("handle", _tilelang.STORE16_STREAM, T.address_of(out[t, h, _at(q * nt, tx) * CHUNK]),
+                                  T.address_of(ov[0]))
+                else:
+                    for e in T.vectorized(CHUNK):
+                        out[t, h, _at(q * nt, tx) * CHUNK + e] = ov[e]
         if tx == 0:
             d[t, h] = sums[2]
             g[t, h] = gate
@@ -422,21 +511,23 @@ def build_gate_fwd(config: GateConfig):
                 t0 = T.alloc_var("int32", init=T.truncdiv(block, heads) * tokens_per_block)
                 t1 = T.alloc_var("int32", init=T.min(t0 + tokens_per_block, num_tokens))
             red = T.alloc_shared((2 * 3 * WARP,), "float32")
-            ring = T.alloc_shared((stages * 3 * nt * WORDS,), "int32")  # slot (t % stages, operand, thread)
-            wl = T.alloc_local((CHUNK,), "float32")
-            xw = T.alloc_local((WORDS,), "int32")
-            kw = T.alloc_local((WORDS,), "int32")
-            vw = T.alloc_local((WORDS,), "int32")
-            sums = T.alloc_local((3,), "float32")
-            xv = T.alloc_local((CHUNK,), "float32")
-            kv = T.alloc_local((CHUNK,), "float32")
+            ring = T.alloc_shared((stages * 3 * span * WORDS,), "int32")  # slot (t % stages, operand, chunk)
+            # chunk set q's words, weights, values at [q * 4, q * 4 + 4), [q * 8, q * 8 + 8); vv, ov: one set
+            wl = T.alloc_local((CHUNK * chunks,), "float32")
+            xw = T.alloc_local((WORDS * chunks,), "int32")
+            kw = T.alloc_local((WORDS * chunks,), "int32")
+            vw = T.alloc_local((WORDS * chunks,), "int32")
+            sums = T.alloc_local((3 * chunks,), "float32")
+            xv = T.alloc_local((CHUNK * chunks,), "float32")
+            kv = T.alloc_local((CHUNK * chunks,), "float32")
             vv = T.alloc_local((CHUNK,), "float32")
             ov = T.alloc_local((CHUNK,), "bfloat16")
-            # Threads past the row (tx >= H / 8) keep zeros: they add nothing to the sums.
-            clear((xw, kw, vw), WORDS, 0)
-            clear((wl,), CHUNK, T.float32(0))
-            if tx < hv:
-                load_weights(w, wl, h, hv, tx)
+            # Chunks past the row (q nt + tx >= H / 8) stay zeros: they add nothing to the sums.
+            clear((xw, kw, vw), WORDS * chunks, 0)
+            clear((wl,), CHUNK * chunks, T.float32(0))
+            for q in chunk_sets:
+                if _at(q * nt, tx) < hv:
+                    load_weights(w, wl, h, hv, _at(q * nt, tx), at=q * CHUNK)
             # The loads of the next stages - 1 rows are in flight while a row is reduced.
             if interleave:
                 for s in T.unroll(stages - 1):
@@ -478,7 +569,8 @@ def build_gate_bwd(config: GateConfig):
     stages = config.stages or BWD_STAGES
     v_once, streaming = config.v_once, config.streaming
     assert stages >= 2 and (ringed or not (v_once or config.stages)), config
-    assert not (config.interleave or config.waves), f"forward-only knobs: {config}"
+    assert not (config.interleave or config.waves or config.chunks != 1 or config.ctas_per_sm), \
+        f"forward-only knobs: {config}"
     unpack, block_sum, clear, load_weights = _macros(T, nt // WARP)
     copy_chunk, take_chunk = _ring_macros(T, nt)
     n_rows, n_words, n_v, n_w, n_parts = T.dynamic("n_rows, n_words, n_v, n_w, n_parts")
@@ -784,17 +876,21 @@ def _multiprocessors(index: int) -> int:
 
 
 
-def forward_tokens_per_block(tokens: int, heads: int, threads: int, multiprocessors: int, waves: int = 0) -> int:
-    """Tokens a forward CTA takes: about `waves` (0: FWD_WAVES) waves of FWD_RESIDENT[threads] CTAs an SM
-    (the results do not depend on it)."""
-    blocks = max(1, (multiprocessors * FWD_RESIDENT[threads] * (waves or FWD_WAVES)) // heads)
+def forward_tokens_per_block(tokens: int, heads: int, resident: int, multiprocessors: int, waves: int = 0) -> int:
+    """Tokens a forward CTA takes: about `waves` (0: FWD_WAVES) waves of `resident` CTAs an SM (the
+    configuration's fwd_resident; the results do not depend on it)."""
+    blocks = max(1, (multiprocessors * resident * (waves or FWD_WAVES)) // heads)
     return max(1, -(-tokens // blocks))
 
 
 def fwd_config(hidden: int) -> GateConfig:
-    """The forward's configuration for H: the shipped one, unless a tuning run overrides it (FWD_OVERRIDES)."""
+    """The forward's configuration for H: the shipped one, unless a tuning run overrides it (FWD_OVERRIDES)
+    with one whose threads * chunks cover H (otherwise the shipped one); its thread count may differ."""
     config = config_for_hidden(hidden)
-    return FWD_OVERRIDES.get(config, config)
+    override = FWD_OVERRIDES.get(config)
+    if override is None or CHUNK * row_chunks(override) < hidden:
+        return config
+    return override
 
 
 def bwd_config(hidden: int, heads: int) -> GateConfig:
@@ -835,7 +931,7 @@ def engram_gate_fwd(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.
     config = fwd_config(hidden)
     kernel = _tilelang.kernel_for(GATE_FWD, config, x.device)
     scale, inv_h = _row_constants(hidden)
-    per_block = forward_tokens_per_block(tokens, heads, config.threads, _multiprocessors(x.device.index or 0),
+    per_block = forward_tokens_per_block(tokens, heads, fwd_resident(config), _multiprocessors(x.device.index or 0),
                                          config.waves)
     num_blocks = -(-tokens // per_block) * heads
     with _tilelang.device_guard(x.device):

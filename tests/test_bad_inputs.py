@@ -461,6 +461,8 @@ NOT_ENTRY_POINTS = {
     "engram.fwd_config": "picks the forward's static configuration (the shipped one, or a tuning override)",
     "engram.bwd_config": "picks the backward's static configuration (the shipped one, or a tuning override)",
     "engram.forward_tokens_per_block": "launch geometry arithmetic",
+    "engram.fwd_resident": "a static configuration's resident CTAs an SM (launch geometry)",
+    "engram.row_chunks": "a static configuration's 16-byte chunks a row (threads x chunks)",
     "engram.backward_blocks": "launch geometry arithmetic",
     "mhc.checkpoint_interval": "the backward's checkpoint arithmetic",
     "mhc.post_config": "picks post's static configuration (the shipped one, or a tuning override)",

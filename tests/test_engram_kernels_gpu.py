@@ -10,7 +10,9 @@ the other bad arguments refused with the eager module's error types.
 
 Source tests (tilelang only, no GPU): the generated CUDA moves every row
 with 16-byte vectors (cp.async into the shared-memory ring where there is
-one) and calls the accurate libdevice functions.
+one) and calls the accurate libdevice functions.  Without tilelang: the
+forward tuning candidates of other thread counts cover the shipped rows and
+fit an SM as many times as they ask.
 """
 
 from __future__ import annotations
@@ -300,7 +302,9 @@ def test_generated_cuda_uses_16_byte_vectors_and_accurate_maths(tilelang_only):
                     f"{kernel.name} {config}: {name} not read as 16-byte vectors"
             if ringed:
                 assert "cp_async_wait<" in body and "cp_async_commit()" in body, f"{kernel.name} {config}"
-                assert body.count("cp_async_gs<16>(") == 2 * len(loads), f"{kernel.name} {config}: prologue + loop"
+                # prologue + loop, each chunk set of a thread written out (the forward's chunks)
+                assert body.count("cp_async_gs<16>(") == 2 * len(loads) * config.chunks, \
+                    f"{kernel.name} {config}: prologue + loop"
             for name in stores:
                 # a plain 16-byte vector store, or st.global.cs of 16 bytes (a tuning candidate's streaming stores)
                 store = f"{_tilelang.STORE16_STREAM}((&({name}[" if config.streaming else f"*(uint4*)({name} + "
@@ -310,3 +314,27 @@ def test_generated_cuda_uses_16_byte_vectors_and_accurate_maths(tilelang_only):
                 assert fast not in body, f"{kernel.name} {config}: {fast}"
     fwd = _tilelang.lower_to_cuda(engram.GATE_FWD.build(engram.GATE_CONFIGS[0]))
     assert "expf(" in fwd and "sqrtf(" in fwd and "rsqrtf(" in fwd
+
+
+def test_forward_candidates_of_other_thread_counts_serve_the_shipped_rows(monkeypatch):
+    """A forward tuning candidate (fewer threads, `chunks` chunks of a row each) covers the rows of the
+    shipped configuration it overrides, names its residency, and that many of its CTAs fit an SM's
+    shared memory (sm_90: 228 KiB, 1 KiB of it reserved a CTA) and registers (ptxas' cap, >= 32)."""
+    from kernels import engram
+
+    shipped = engram.config_for_hidden(4096)
+    for config in engram.FWD_TUNE_CONFIGS:
+        assert engram.row_chunks(config) == engram.row_chunks(shipped), config
+        resident = engram.fwd_resident(config)
+        assert resident * (engram._fwd_shared_bytes(config) + 1024) <= 228 * 1024, config
+        assert 65536 // (resident * config.threads) >= 32, config
+        assert config.threads * config.chunks // 32 <= 32, config
+        with monkeypatch.context() as patch:
+            patch.setitem(engram.FWD_OVERRIDES, shipped, config)
+            assert engram.fwd_config(4096) == engram.fwd_config(1032) == config
+    # the shipped configurations' own residency, unchanged
+    assert [engram.fwd_resident(c) for c in engram.GATE_CONFIGS] == [8, 2, 1]
+    # an override that does not cover H is not used
+    with monkeypatch.context() as patch:
+        patch.setitem(engram.FWD_OVERRIDES, shipped, engram.GateConfig(256, ctas_per_sm=4))
+        assert engram.fwd_config(4096) == shipped and engram.fwd_config(2048).threads == 256
