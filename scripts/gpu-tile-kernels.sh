@@ -8,8 +8,8 @@
 # included), TKVERIFY_FUZZ_EXAMPLES (default 60), FINDINGS_SECONDS, REPORT_SECONDS, FUZZ_SECONDS (the
 # steps' caps, default 120, 160, 170), STEPS (default "findings report fuzz found",
 # plus "raw" for upstream-v1; "bench" is extra), FINDINGS (the case files to replay, default
-# every committed one), FUZZ_K (a pytest -k expression for the fuzz step: e.g. the one test whose
-# per-shape JIT compiles kept an earlier run from finishing).  The first four run side by side, the
+# every committed one), FUZZ_K (a pytest -k expression for the fuzz steps: e.g. the one test whose
+# per-shape JIT compiles kept an earlier run from finishing), FUZZ_SEEDS (fuzz-seeds: one process a seed).  The first four run side by side, the
 # last after them; each is
 # capped so that the whole stays within BUDGET:
 #   findings  every committed case, reports/tile-kernels-*/cases/*.json, replayed in one process
@@ -17,6 +17,7 @@
 #   raw       fused_mapping with the adapter's conventions off (1.0 only)
 #   report    the derandomised ci profile: the report to commit
 #   fuzz      the fuzz profile, failing cases saved per (op, impl)
+#   fuzz-seeds  the same, one process per seed in FUZZ_SEEDS side by side, merged into one report
 #   found     the cases this run saved, replayed in one process
 #   bench     `tkverify bench --impl tile_kernels`, one family at a time once everything else is done
 #             (its JIT compiles are made first, side by side with the other steps, at one repetition)
@@ -69,6 +70,16 @@ wants report && step report timeout -s KILL "$(cap "${REPORT_SECONDS:-160}" 60)"
   --impl tile_kernels --profile ci -n 7 --out "$R/report-ci" -- -rs "--tk-cases=$R/cases-ci" &
 # The hunt: every op and backward, the fuzz profile, failing cases saved per (op, impl), report in $R/fuzz.
 wants fuzz && suite_run fuzz "$(cap "${FUZZ_SECONDS:-170}" 60)" 7 tile_kernels fuzz -rs ${FUZZ_K:+-k "$FUZZ_K"} &
+# The same hunt split over seeds, one process each, side by side (FUZZ_SEEDS, default 1..8): a test whose
+# per-shape JIT compiles make one process too slow for the examples asked (1.0.0's Sinkhorn forward, about
+# 17 s a new shape in run 15) gets them from several processes at once, each drawing its own examples
+# (TKVERIFY_FUZZ_EXAMPLES a seed); the seeds' shards are merged into one report, fuzz-seeds.
+if wants fuzz-seeds; then
+  for s in ${FUZZ_SEEDS:-1 2 3 4 5 6 7 8}; do
+    suite_run "fuzz-seed-$s" "$(cap "${FUZZ_SECONDS:-170}" 60)" 1 tile_kernels fuzz -rs ${FUZZ_K:+-k "$FUZZ_K"} \
+      --hypothesis-seed "$s" &
+  done
+fi
 FAMILIES="moe quant mhc engram transpose"
 if wants bench; then  # compile what the bench will time (one repetition, no graph), families side by side
   for f in $FAMILIES; do
@@ -79,6 +90,13 @@ fi
 wait
 # A report run cut by its cap: its report from the shards its workers wrote (every <= 15 s), marked partial.
 [ -d "$R/report-ci/shards" ] && [ ! -f "$R/report-ci/report.json" ] && python3 -m tkverify.cli shards --merge "$R/report-ci"
+if wants fuzz-seeds; then
+  mkdir -p "$R/fuzz-seeds/shards"
+  for d in "$R"/fuzz-seed-*/shards; do
+    for f in "$d"/*.json; do [ -e "$f" ] && cp "$f" "$R/fuzz-seeds/shards/$(basename "$(dirname "$d")")-$(basename "$f")"; done
+  done
+  step shards-fuzz-seeds python3 -m tkverify.cli shards --merge "$R/fuzz-seeds"
+fi
 # Every case this run saved, replayed once more in one process (verdict and worst element, for the findings).
 if wants found; then
   found=("$R"/cases*/*.json)
