@@ -135,3 +135,23 @@ def test_a_run_cut_short_leaves_shards_that_merge_into_a_partial_report(tmp_path
     md = (report / "report.md").read_text()
     assert "- **partial**: merged from the shards of a run that did not finish: main (written while running)" in md
     assert "| moe.group_count | counts | int32 | torch |" in md
+
+
+def test_shards_of_finished_runs_put_together_merge_into_a_report_that_is_not_partial(tmp_path):
+    """Several processes of one hunt (one a seed, gpu-tile-kernels.sh's fuzz-seeds) each finish and
+    leave final shards; their union is a whole report, and calling it partial would be a false alarm.
+    One shard written while running still makes it partial."""
+    from tkverify.report import merge_partial_run
+
+    report = tmp_path / "seeds"
+    for seed in (1, 2):
+        c = Collector()
+        c.add("fam.op", "torch", Comparison("out", "fp32", "ulp", 10, 9, 0.5, 0.5, {"0": 9, "1": 1}, True))
+        c.write_shard(report / "shards" / f"seed-{seed}-gw0.json", worker="gw0", gpu=0, pid=seed, complete=True)
+    doc = json.loads(merge_partial_run(report)["json"].read_text())
+    assert "partial" not in doc["meta"] and doc["meta"]["merged"].endswith("seed-1-gw0, seed-2-gw0")
+    assert "**partial**" not in (report / "report.md").read_text()
+
+    c.write_shard(report / "shards" / "seed-3-gw0.json", worker="gw0", gpu=0, pid=3, complete=False)
+    doc = json.loads(merge_partial_run(report)["json"].read_text())
+    assert "merged" not in doc["meta"] and "seed-3-gw0 (written while running)" in doc["meta"]["partial"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -200,7 +201,8 @@ def cmd_shards(args: argparse.Namespace) -> int:
                   "(--merge writes a partial report from its shards)", file=sys.stderr)
             return 1
         paths = merge_partial_run(args.report_dir)
-        print(f"partial report from the shards of a run that did not finish: {paths['md']}")
+        partial = "partial" in json.loads(paths["json"].read_text())["meta"]
+        print(f"{'partial report from the shards of a run that did not finish' if partial else 'report from the final shards of finished runs'}: {paths['md']}")
     workers, union_equal = shard_summary(args.report_dir)
     for w in workers:
         touched = w["peak_bytes_per_gpu"]

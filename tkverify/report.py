@@ -173,14 +173,19 @@ def shard_summary(report_dir: Path) -> tuple[list[dict[str, Any]], bool]:
 
 
 def merge_partial_run(report_dir: Path) -> dict[str, Path]:
-    """The report of a run that did not finish, from the shards its workers left (profile and
-    implementation choice as they recorded them), with `partial` saying which shards were final."""
+    """The report of the shards under report_dir when no run wrote one (profile and implementation
+    choice as the shards recorded them): a run that did not finish, with `partial` saying which
+    shards were final, or finished runs whose shards were put together (several processes of one
+    hunt, one a seed), with `merged` naming them; a report is partial only if a shard is."""
     docs = {p.stem: json.loads(p.read_text()) for p in sorted((report_dir / "shards").glob("*.json"))}
     first = next(iter(docs.values()), {})
     meta_ = meta(first.get("profile", "?"), first.get("impl", "?"))
-    meta_["partial"] = ("merged from the shards of a run that did not finish: "
-                        + ", ".join(f"{w} ({'final' if d.get('complete') else 'written while running'})"
-                                    for w, d in docs.items()))
+    if docs and all(d.get("complete") for d in docs.values()):
+        meta_["merged"] = "merged from the final shards of finished runs: " + ", ".join(docs)
+    else:
+        meta_["partial"] = ("merged from the shards of a run that did not finish: "
+                            + ", ".join(f"{w} ({'final' if d.get('complete') else 'written while running'})"
+                                        for w, d in docs.items()))
     return report_from_shards(report_dir, meta_)
 
 
@@ -501,6 +506,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"rows pass" + (f"; {len(grads) - len(grads_failed)} of {len(grads)} gradient rows pass" if grads else "")
         + _known_note(failed, doc.get("unsupported", [])) + ")",
         *([f"- **partial**: {m['partial']}"] if m.get("partial") else []),
+        *([f"- {m['merged']}"] if m.get("merged") else []),
         "",
         "## Max ULP error per format (op:output by implementation)",
         "",
@@ -584,6 +590,7 @@ def render_html(doc: dict[str, Any]) -> str:
         f" &middot; {esc(str(m.get('device')))} &middot; driver {esc(str(m.get('driver', '-')))}</p>",
         "<p>" + esc(", ".join(f"{k} {v}" for k, v in sorted(m["versions"].items()))) + "</p>",
         *([f"<p><b>partial</b>: {esc(str(m['partial']))}</p>"] if m.get("partial") else []),
+        *([f"<p>{esc(str(m['merged']))}</p>"] if m.get("merged") else []),
     ]
     for fmt, table in formats_table(rows).items():
         parts.append(f"<h2>{esc(fmt)}: max ULP</h2><table>")
