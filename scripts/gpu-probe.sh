@@ -19,7 +19,9 @@ NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*
 echo "ncu: ${NCU:-none}; $($NCU --version 2>&1 | tail -1)" | tee -a "$P/steps.txt"
 if [ -n "$NCU" ]; then
   start=$SECONDS
-  timeout "${PROBE_SECONDS:-300}" "$NCU" --csv --page raw --section SpeedOfLight --section WarpStateStats \
+  # --clock-control none: the clocks the bench runs at (ncu's default locks them to base: run 17's
+  # compute-bound kernels took 1.2x their bench time under it)
+  timeout "${PROBE_SECONDS:-300}" "$NCU" --clock-control none --csv --page raw --section SpeedOfLight --section WarpStateStats \
     --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
     --metrics dram__bytes_read.sum,dram__bytes_write.sum \
     --kernel-name regex:'engram|expand|cast|transpose|copy|Fill|elementwise|swiglu' \

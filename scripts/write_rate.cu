@@ -6,11 +6,11 @@
 // the write-only rate with torch's fill_.  If fill_ is not the ceiling, a kernel that writes some
 // other way could beat it.  Each line: a way of writing (or reading) a buffer of MiB (default 2048),
 // the median of 20 timed launches (CUDA events, after 3 untimed), the bytes moved over that time.
-//   st.v4       16-byte stores, grid-stride, at several grids
+//   st.v4       16-byte stores of noise, grid-stride, at several grids
 //   st.cs.v4    the same with the evict-first hint
-//   bulk        TMA bulk stores (cp.async.bulk.global.shared::cta) of a zeroed shared buffer
-//   memset      cudaMemsetAsync
-//   copy        16-byte loads and stores, read + write counted (what the bench's copy measures)
+//   bulk        TMA bulk stores (cp.async.bulk.global.shared::cta) of a shared buffer of noise
+//   *zero       the same writing zeros, and memset: for contrast (zeros may be compressed on the way to DRAM)
+//   copy        16-byte loads and stores of noise, read + write counted (what the bench's copy measures)
 //   read        16-byte loads, summed (read-only)
 //   fanout8     expand's shape: each 16-byte unit read once, written to 8 places (read + 8 writes)
 #include <cuda_runtime.h>
@@ -22,20 +22,32 @@
 #define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
   std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); std::exit(1); } } while (0)
 
-__global__ void st_v4(uint4* p, size_t n) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    p[i] = make_uint4(0, 0, 0, 0);
+// A 16-byte unit no compressor can shrink (run 17: Nsight Compute counted 1047 MB of DRAM writes for a 2 GiB
+// fill with zeros, and no DRAM reads for a copy from never-written memory: zeros are not a fair test).
+__device__ __forceinline__ uint4 noise(size_t i, unsigned salt) {
+  unsigned a = (unsigned)i * 0x9E3779B9u ^ salt, b = (unsigned)(i >> 32) + salt * 0x85EBCA6Bu;
+  a ^= a >> 16; a *= 0x7FEB352Du; a ^= a >> 15; a *= 0x846CA68Bu; a ^= a >> 16;
+  return make_uint4(a, a * 0x27D4EB2Fu + b, a ^ 0x165667B1u, (a + b) * 0xC2B2AE35u);
 }
 
-__global__ void st_cs_v4(uint4* p, size_t n) {
+__global__ void st_v4(uint4* p, size_t n, unsigned salt) {  // salt 0: zeros
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    asm volatile("st.global.cs.v4.u32 [%0], {%1, %1, %1, %1};" :: "l"(p + i), "r"(0) : "memory");
+    p[i] = salt ? noise(i, salt) : make_uint4(0, 0, 0, 0);
+}
+
+__global__ void st_cs_v4(uint4* p, size_t n, unsigned salt) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint4 v = noise(i, salt);
+    asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p + i), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  }
 }
 
 // Each CTA stores `chunk` bytes of zeros from shared memory at a time, CTA b taking chunks b, b + grid, ...
-__global__ void bulk_store(char* p, size_t bytes, unsigned chunk) {
-  extern __shared__ __align__(128) char zeros[];
-  for (unsigned i = threadIdx.x; i < chunk / 16; i += blockDim.x) reinterpret_cast<uint4*>(zeros)[i] = make_uint4(0, 0, 0, 0);
+__global__ void bulk_store(char* p, size_t bytes, unsigned chunk, unsigned salt) {
+  extern __shared__ __align__(128) char zeros[];  // noise unless salt is 0
+  for (unsigned i = threadIdx.x; i < chunk / 16; i += blockDim.x)
+    reinterpret_cast<uint4*>(zeros)[i] = salt ? noise(blockIdx.x * (size_t)chunk / 16 + i, salt) : make_uint4(0, 0, 0, 0);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -63,12 +75,13 @@ __global__ void read_v4(const uint4* __restrict__ s, size_t n, unsigned* sink) {
   if (acc == 0x12345678u) *sink = acc;  // keeps the loads
 }
 
-// n units of the source, each written to 8 destinations n units apart (the output is 8 n units).
+// n units of the source, each written to 8 destinations n units apart (expand's shape: a row read once,
+// written to K rows; every warp's stores coalesced).
 __global__ void fanout8(const uint4* __restrict__ s, uint4* __restrict__ d, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
     uint4 v = s[i];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) d[i * 8 + j] = v;  // row i's 8 copies are adjacent, as expand's slots mostly are not
+    for (int j = 0; j < 8; ++j) d[j * n + i] = v;
   }
 }
 
@@ -110,19 +123,22 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&a, bytes));
   CHECK(cudaMalloc(&b, bytes));
   CHECK(cudaMalloc(&sink, 4));
-  CHECK(cudaMemset(a, 1, bytes));
+  st_v4<<<sms * 8, 256>>>((uint4*)a, n, 7);  // the source of copy, read and fanout8: noise
+  CHECK(cudaDeviceSynchronize());
+  const unsigned salt = 11;  // every timed store writes noise unless its line says zeros
   for (int threads : {256, 512, 1024})
-    for (int per_sm : {1, 2, 4, 8, 16}) {
+    for (int per_sm : {1, 2, 4, 8}) {
       int grid = sms * per_sm;
       if (threads * per_sm > 2048) continue;
-      line("st.v4", grid, threads, bytes, median_us([&] { st_v4<<<grid, threads>>>((uint4*)b, n); }));
+      line("st.v4", grid, threads, bytes, median_us([&] { st_v4<<<grid, threads>>>((uint4*)b, n, salt); }));
     }
-  for (int per_sm : {4, 8}) {
-    int grid = sms * per_sm;
-    line("st.cs.v4", grid, 256, bytes, median_us([&] { st_cs_v4<<<grid, 256>>>((uint4*)b, n); }));
-  }
   line("st.v4", (int)(n / 256), 256, bytes,  // one unit a thread, no loop
-       median_us([&] { st_v4<<<(unsigned)(n / 256), 256>>>((uint4*)b, n); }));
+       median_us([&] { st_v4<<<(unsigned)(n / 256), 256>>>((uint4*)b, n, salt); }));
+  line("st.v4zero", sms * 4, 256, bytes, median_us([&] { st_v4<<<sms * 4, 256>>>((uint4*)b, n, 0); }));
+  line("st.v4zero", (int)(n / 256), 256, bytes,
+       median_us([&] { st_v4<<<(unsigned)(n / 256), 256>>>((uint4*)b, n, 0); }));
+  for (int per_sm : {4, 8})
+    line("st.cs.v4", sms * per_sm, 256, bytes, median_us([&] { st_cs_v4<<<sms * per_sm, 256>>>((uint4*)b, n, salt); }));
   CHECK(cudaFuncSetAttribute(bulk_store, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
   for (unsigned chunk : {4096u, 16384u, 65536u})
     for (int per_sm : {1, 2, 4}) {
@@ -130,24 +146,29 @@ int main(int argc, char** argv) {
       if (chunk * per_sm > 200 * 1024) continue;
       char what[32];
       std::snprintf(what, sizeof what, "bulk%uK", chunk / 1024);
-      line(what, grid, 32, bytes, median_us([&] { bulk_store<<<grid, 32, chunk>>>(b, bytes, chunk); }));
+      line(what, grid, 32, bytes, median_us([&] { bulk_store<<<grid, 32, chunk>>>(b, bytes, chunk, salt); }));
     }
-  line("memset", 0, 0, bytes, median_us([&] { CHECK(cudaMemsetAsync(b, 0, bytes)); }));
+  line("bulkzero16K", sms, 32, bytes, median_us([&] { bulk_store<<<sms, 32, 16384>>>(b, bytes, 16384, 0); }));
+  line("memsetzero", 0, 0, bytes, median_us([&] { CHECK(cudaMemsetAsync(b, 0, bytes)); }));
+  line("memset0x5A", 0, 0, bytes, median_us([&] { CHECK(cudaMemsetAsync(b, 0x5A, bytes)); }));
   for (int per_sm : {4, 8})
     line("copy", sms * per_sm, 256, 2.0 * bytes,
          median_us([&] { copy_v4<<<sms * per_sm, 256>>>((const uint4*)a, (uint4*)b, n); }));
   line("copy", (int)(n / 256), 256, 2.0 * bytes,
        median_us([&] { copy_v4<<<(unsigned)(n / 256), 256>>>((const uint4*)a, (uint4*)b, n); }));
+  line("cudaMemcpy", 0, 0, 2.0 * bytes, median_us([&] { CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }));
   for (int per_sm : {4, 8})
     line("read", sms * per_sm, 256, bytes,
          median_us([&] { read_v4<<<sms * per_sm, 256>>>((const uint4*)a, n, sink); }));
   size_t n8 = n / 8;  // source units whose 8 copies fill the buffer
-  for (int per_sm : {4, 8})
+  for (int per_sm : {4, 8, 16})
     line("fanout8", sms * per_sm, 256, bytes + bytes / 8.0,
          median_us([&] { fanout8<<<sms * per_sm, 256>>>((const uint4*)a, (uint4*)b, n8); }));
+  line("fanout8", (int)(n8 / 256), 256, bytes + bytes / 8.0,
+       median_us([&] { fanout8<<<(unsigned)(n8 / 256), 256>>>((const uint4*)a, (uint4*)b, n8); }));
   // The same checked: the bulk stores wrote zeros everywhere.
   CHECK(cudaMemset(b, 0xAB, bytes));
-  bulk_store<<<sms, 32, 16384>>>(b, bytes, 16384);
+  bulk_store<<<sms, 32, 16384>>>(b, bytes, 16384, 0);
   CHECK(cudaDeviceSynchronize());
   std::vector<unsigned char> host(bytes);
   CHECK(cudaMemcpy(host.data(), b, bytes, cudaMemcpyDeviceToHost));
