@@ -47,6 +47,9 @@ bits, and the result never depends on scheduling.
 
 Forward (kernel engram.gate_fwd)
 --------------------------------
+(Rows of 1025 .. 4096 elements ship with 256-thread CTAs of 2 chunks a thread, 2 ring slots and 4
+CTAs an SM, FWD_SHIPPED: the same arithmetic and bits as the 512-thread CTA described here, whose
+rows are reduced 2 at a time an SM; see ``chunks`` under Static configurations.)
 CTA (token block, head h): the rows (t, h) of ``tokens_per_block``
 consecutive tokens; w[h] stays in registers (8 fp32 a thread) for the whole
 CTA, and the hc CTAs of one token block are adjacent in launch order, so v
@@ -117,7 +120,7 @@ waves, the forward's interleaved token order (token block j of G takes tokens j,
 evict-first (st.global.cs) stores, the backward's v copied once a token, and the forward's
 ``chunks`` with its ``ctas_per_sm``.
 
-``chunks`` (forward only; 1 ships): the 16-byte chunks of a row a thread owns, chunks
+``chunks`` (forward only; 2 ships for rows of 1025 .. 4096 elements, FWD_SHIPPED, 1 elsewhere): the 16-byte chunks of a row a thread owns, chunks
 q threads + tx for q < chunks (chunk set q; a warp still touches 512 contiguous bytes a set), so
 a CTA of threads * chunks / 32 <= 32 "virtual warps" covers rows of up to 8 threads chunks
 elements with fewer threads: an SM then holds more, smaller CTAs and has more rows in their
@@ -233,6 +236,8 @@ FWD_TUNE_CONFIGS = (
     GateConfig(512, stages=3, waves=16),
     # H200 run 16 at 8 waves: evict-first stores 116.5 us and 3 slots 117.2 us against 117.1 shipped; both
     GateConfig(512, stages=3, streaming=True),
+    # the 512-thread kernel itself, shipped before FWD_SHIPPED named the 256 x 2 candidate (8 waves)
+    GateConfig(512),
     # More rows in their reduction at once an SM (the shipped 2 CTAs of 512 have 2): smaller CTAs, each
     # thread owning `chunks` chunks of a row, so that a row's barrier and butterflies wait on fewer threads
     # and more of them overlap; the same 4096-element rows and the same summation tree (same bits).
@@ -255,6 +260,11 @@ BWD_TUNE_CONFIGS = (
     GateConfig(512, streaming=True),
     GateConfig(512, stages=4, v_once=True, streaming=True),
 )
+# The forward ships a tuning candidate where one was faster with the same bits: config_for_hidden's
+# configuration -> the one the forward uses.  256 threads x 2 chunks, 2 slots, 4 CTAs an SM for rows of
+# 1025 .. 4096 elements: H200 run 19 (T 4096, hc 4, H 4096), 111.5 us against 116.9 us for the 512-thread
+# kernel shipped before (92.7% and 88.4% of that run's copy bandwidth), every output bitwise equal.
+FWD_SHIPPED: dict[GateConfig, GateConfig] = {GateConfig(512): GateConfig(256, chunks=2, stages=2, ctas_per_sm=4)}
 # The shipped configuration (config_for_hidden) -> the configuration to use instead (any of
 # GATE_FWD.configs / GATE_BWD.configs), for a tuning run.
 FWD_OVERRIDES: dict[GateConfig, GateConfig] = {}
@@ -551,7 +561,8 @@ def build_gate_fwd(config: GateConfig):
     return engram_gate_fwd
 
 
-GATE_FWD = KernelDef("engram.gate_fwd", build_gate_fwd, GATE_CONFIGS + FWD_TUNE_CONFIGS)
+GATE_FWD = KernelDef("engram.gate_fwd", build_gate_fwd,
+                     GATE_CONFIGS + tuple(c for c in FWD_TUNE_CONFIGS if c not in GATE_CONFIGS))
 
 
 # ------------------------------------------------------------------ backward
@@ -884,12 +895,13 @@ def forward_tokens_per_block(tokens: int, heads: int, resident: int, multiproces
 
 
 def fwd_config(hidden: int) -> GateConfig:
-    """The forward's configuration for H: the shipped one, unless a tuning run overrides it (FWD_OVERRIDES)
-    with one whose threads * chunks cover H (otherwise the shipped one); its thread count may differ."""
-    config = config_for_hidden(hidden)
-    override = FWD_OVERRIDES.get(config)
+    """The forward's configuration for H: the shipped one (FWD_SHIPPED's, else config_for_hidden's), unless a
+    tuning run overrides it (FWD_OVERRIDES, keyed by config_for_hidden's) with one whose threads * chunks
+    cover H (otherwise the shipped one); its thread count may differ."""
+    base = config_for_hidden(hidden)
+    override = FWD_OVERRIDES.get(base)
     if override is None or CHUNK * row_chunks(override) < hidden:
-        return config
+        return FWD_SHIPPED.get(base, base)
     return override
 
 

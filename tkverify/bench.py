@@ -83,9 +83,12 @@ def copy_bandwidth(nbytes: int = 2 * 2**30) -> float:
 
 
 def write_bandwidth(nbytes: int = 2 * 2**30) -> float:
-    """Write-only bandwidth in bytes/s (a fill): the ceiling of ops that write far more than they read."""
-    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    return nbytes / median_time_s(lambda: dst.fill_(1), flush_l2=False)
+    """Write-only bandwidth in bytes/s (a fill): the ceiling of ops that write far more than they read.
+
+    The fill is of fp32, not bytes: torch fills a uint8 tensor 4 bytes a store, at 3.3 TB/s on the H200
+    (runs 14-17), where 16-byte stores of noise write 4.3-4.6 TB/s (run 19, scripts/write_rate.cu)."""
+    dst = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
+    return nbytes / median_time_s(lambda: dst.fill_(1.0), flush_l2=False)
 
 
 # ------------------------------------------------------------------ selection
