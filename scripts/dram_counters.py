@@ -37,8 +37,8 @@ def main() -> None:
     parser.add_argument("-k", default="", help="comma list of op-name substrings (default: every op)")
     args = parser.parse_args()
     device = torch.device("cuda")
-    # random bytes: never-written memory and zeros are moved faster than data (run 17: a 2 GiB fill with
-    # zeros wrote 1047 MB to DRAM, and a copy from never-written memory read none)
+    # random bytes, as a kernel's data would be (2^31 of them: torch runs the fill as two launches of 1 GiB,
+    # and the copy through cudaMemcpyAsync, which ncu does not list as a kernel)
     src = torch.randint(0, 256, (2 * 2**30,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)  # the reference: what the bench's copy bandwidth measures

@@ -9,7 +9,7 @@
 //   st.v4       16-byte stores of noise, grid-stride, at several grids
 //   st.cs.v4    the same with the evict-first hint
 //   bulk        TMA bulk stores (cp.async.bulk.global.shared::cta) of a shared buffer of noise
-//   *zero       the same writing zeros, and memset: for contrast (zeros may be compressed on the way to DRAM)
+//   *zero       the same writing zeros, and memset: for contrast (run 19: the same rates as noise)
 //   copy        16-byte loads and stores of noise, read + write counted (what the bench's copy measures)
 //   read        16-byte loads, summed (read-only)
 //   fanout8     expand's shape: each 16-byte unit read once, written to 8 places (read + 8 writes)
@@ -22,8 +22,9 @@
 #define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
   std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); std::exit(1); } } while (0)
 
-// A 16-byte unit no compressor can shrink (run 17: Nsight Compute counted 1047 MB of DRAM writes for a 2 GiB
-// fill with zeros, and no DRAM reads for a copy from never-written memory: zeros are not a fair test).
+// A 16-byte unit no compressor could shrink, so that a fast rate cannot come from writing zeros.  (Run 17's
+// Nsight Compute pass seemed to say zeros were compressed: 1047 MB of DRAM writes a fill of 2 GiB.  It was
+// torch splitting the fill of 2^31 bytes into two launches of 1 GiB; run 19 wrote zeros and noise at one rate.)
 __device__ __forceinline__ uint4 noise(size_t i, unsigned salt) {
   unsigned a = (unsigned)i * 0x9E3779B9u ^ salt, b = (unsigned)(i >> 32) + salt * 0x85EBCA6Bu;
   a ^= a >> 16; a *= 0x7FEB352Du; a ^= a >> 15; a *= 0x846CA68Bu; a ^= a >> 16;

@@ -1,0 +1,78 @@
+"""One line per kernel launch of a Nsight Compute raw CSV (scripts/gpu-probe.sh's ncu.csv.gz): what bounds it.
+
+    python scripts/ncu_table.py probe/ncu.csv.gz [--min-us 5] > ncu-summary.txt
+
+Columns: time (us), DRAM bytes read and written (MB), their rate (TB/s), then shares of peak
+(percent, over the launch): instructions issued, ALU, FMA, LSU pipe, XU (transcendentals), L1, L2,
+DRAM throughput; registers a thread, achieved occupancy (warps), SM clock (GHz); and the three
+largest warp stall reasons (average warps stalled for each issued instruction).  A launch with
+DRAM near the copy's share is DRAM-bound; one with a high issue share and `not_selected` /
+`math_pipe_throttle` stalls is bound by its instructions; one low on both, by latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import io
+import math
+import re
+
+SHARES = (  # (column, metric)
+    ("issue", "sm__issue_active.avg.pct_of_peak_sustained_elapsed"),
+    ("alu", "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_elapsed"),
+    ("fma", "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_elapsed"),
+    ("lsu", "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_elapsed"),
+    ("xu", "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_elapsed"),
+    ("l1", "l1tex__throughput.avg.pct_of_peak_sustained_active"),
+    ("l2", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("dram", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
+)
+STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
+
+
+def launches(text: str) -> list[dict[str, str]]:
+    """The CSV's rows (ncu writes a header, a units row, then one row a launch; the profiled program's
+    own output lines, which do not start with a quote, are dropped)."""
+    rows = list(csv.reader(io.StringIO("\n".join(l for l in text.splitlines() if l.startswith('"')))))
+    return [dict(zip(rows[0], r)) for r in rows[2:]]
+
+
+def number(row: dict[str, str], metric: str) -> float:
+    try:
+        return float(row.get(metric, "").replace(",", ""))
+    except ValueError:
+        return math.nan
+
+
+def line(row: dict[str, str]) -> str:
+    name = re.sub(r"[<(].*", "", re.sub(r"^void ", "", row["Kernel Name"]))[-34:]
+    us = number(row, "gpu__time_duration.sum") / 1e3
+    read, written = number(row, "dram__bytes_read.sum") / 1e6, number(row, "dram__bytes_write.sum") / 1e6
+    stalls = sorted(((number(row, m), STALL.fullmatch(m).group(1)) for m in row if STALL.fullmatch(m)), reverse=True)
+    return (f"{name:34s} {us:8.1f} {read:8.1f} {written:8.1f} {(read + written) / us:5.2f} "
+            + " ".join(f"{number(row, m):5.1f}" for _, m in SHARES)
+            + f" {number(row, 'launch__registers_per_thread'):4.0f}"
+            + f" {number(row, 'sm__warps_active.avg.pct_of_peak_sustained_active'):4.0f}"
+            + f" {number(row, 'gpc__cycles_elapsed.avg.per_second') / 1e9:4.2f}  "
+            + " ".join(f"{n} {v:.1f}" for v, n in stalls[:3]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("csv", help="ncu --csv --page raw output, plain or gzipped")
+    parser.add_argument("--min-us", type=float, default=5.0, help="leave out launches shorter than this")
+    args = parser.parse_args()
+    opener = gzip.open if args.csv.endswith(".gz") else open
+    with opener(args.csv, "rt") as f:
+        text = f.read()
+    print(f"{'kernel':34s} {'us':>8s} {'MB read':>8s} {'MB writ':>8s} {'TB/s':>5s} "
+          + " ".join(f"{c:>5s}" for c, _ in SHARES) + " regs  occ  GHz  largest stalls")
+    for row in launches(text):
+        if number(row, "gpu__time_duration.sum") / 1e3 >= args.min_us:
+            print(line(row))
+
+
+if __name__ == "__main__":
+    main()
