@@ -684,6 +684,14 @@ EXPAND_TUNE_CONFIGS = (
     # out is written once and never read here: evict-first stores leave L2 to the write-back stream
     ExpandConfig("rows", 16, streaming=True),
     ExpandConfig("rows", 16, threads=256, units=4, streaming=True),
+    # One unit a thread and a whole 896-unit row a CTA: the pattern that moved expand's traffic fastest in
+    # H200 run 19's write_rate (a unit read once and written 8 times, one unit a thread: 3.81 TB/s against
+    # 3.57-3.59 grid-stride), with the positions read and the barrier paid once a row instead of 7 times
+    # (run 19's ncu: mio_throttle, the shared-memory reads of the positions, the second largest stall)
+    ExpandConfig("rows", 16, threads=896),
+    ExpandConfig("rows", 16, threads=896, streaming=True),
+    # half a row a CTA, 2 units a thread in flight
+    ExpandConfig("rows", 16, threads=448, units=2),
 )
 # The shipped configuration -> the configuration to use instead (any of EXPAND_TO_FUSED.configs with
 # the same stage and width), set by a tuning run.
