@@ -2,6 +2,8 @@
 
     ncu --csv --metrics <METRICS below> --kernel-name regex:'<KERNELS>' \
         python scripts/dram_counters.py [-k OPS] > counters.csv
+    python scripts/dram_counters.py -k OPS --list     # index and counters file of each shape
+    ncu ... python scripts/dram_counters.py -k OPS --entry I > <its counters file>   # one shape a process
 
 For each op with benchmark shapes (the registry's `BenchShape`s; -k picks ops by substring),
 the tilelang implementation is called twice (the first call compiles or loads; ncu counts
@@ -19,7 +21,7 @@ import argparse
 
 import torch
 
-from tkverify import bench, registry
+from tkverify import bench, ncu, registry
 
 METRICS = ",".join((
     "gpu__time_duration.sum",
@@ -35,16 +37,28 @@ METRICS = ",".join((
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-k", default="", help="comma list of op-name substrings (default: every op)")
+    parser.add_argument("--entry", type=int, help="only the selection's entry of this index (one ncu process a shape)")
+    parser.add_argument("--list", action="store_true",
+                        help="print each selected entry's index and counters file name (tkverify.ncu), run nothing")
     args = parser.parse_args()
+    entries = bench.select(registry.all_specs(), args.k)  # the bench's shapes, forward then backward
+    if args.list:
+        for i, entry in enumerate(entries):
+            if "tilelang" in entry.impls:
+                print(i, ncu.counters_file(entry.label, entry.shape.name))
+        return
     device = torch.device("cuda")
     # random bytes, as a kernel's data would be (2^31 of them: torch runs the fill as two launches of 1 GiB,
     # and the copy through cudaMemcpyAsync, which ncu does not list as a kernel)
-    src = torch.randint(0, 256, (2 * 2**30,), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # the reference: what the bench's copy bandwidth measures
-    dst.fill_(1)  # and its write-only rate
-    del src, dst
-    for entry in bench.select(registry.all_specs(), args.k):  # the bench's shapes, forward then backward
+    if args.entry is None:  # the references once, in the run over every shape
+        src = torch.randint(0, 256, (2 * 2**30,), dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # the reference: what the bench's copy bandwidth measures
+        dst.view(torch.float32).fill_(1.0)  # and its write-only rate (bench.write_bandwidth)
+        del src, dst
+    for i, entry in enumerate(entries):
+        if args.entry is not None and i != args.entry:
+            continue
         impl = entry.impls.get("tilelang")
         if impl is None or impl.unavailable_reason():
             continue

@@ -13,11 +13,13 @@ DRAM near the copy's share is DRAM-bound; one with a high issue share and `not_s
 from __future__ import annotations
 
 import argparse
-import csv
-import gzip
-import io
 import math
 import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tkverify.ncu import STALL, read  # noqa: E402
 
 SHARES = (  # (column, metric)
     ("issue", "sm__issue_active.avg.pct_of_peak_sustained_elapsed"),
@@ -29,14 +31,6 @@ SHARES = (  # (column, metric)
     ("l2", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
     ("dram", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
 )
-STALL = re.compile(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio")
-
-
-def launches(text: str) -> list[dict[str, str]]:
-    """The CSV's rows (ncu writes a header, a units row, then one row a launch; the profiled program's
-    own output lines, which do not start with a quote, are dropped)."""
-    rows = list(csv.reader(io.StringIO("\n".join(l for l in text.splitlines() if l.startswith('"')))))
-    return [dict(zip(rows[0], r)) for r in rows[2:]]
 
 
 def number(row: dict[str, str], metric: str) -> float:
@@ -64,12 +58,9 @@ def main() -> None:
     parser.add_argument("csv", help="ncu --csv --page raw output, plain or gzipped")
     parser.add_argument("--min-us", type=float, default=5.0, help="leave out launches shorter than this")
     args = parser.parse_args()
-    opener = gzip.open if args.csv.endswith(".gz") else open
-    with opener(args.csv, "rt") as f:
-        text = f.read()
     print(f"{'kernel':34s} {'us':>8s} {'MB read':>8s} {'MB writ':>8s} {'TB/s':>5s} "
           + " ".join(f"{c:>5s}" for c, _ in SHARES) + " regs  occ  GHz  largest stalls")
-    for row in launches(text):
+    for row in read(Path(args.csv)):
         if number(row, "gpu__time_duration.sum") / 1e3 >= args.min_us:
             print(line(row))
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from tkverify import ncu
 from tkverify.registry import Unsupported
 
 _L2_FLUSH_BYTES = 256 * 2**20  # larger than the H200's 60 MB L2
@@ -282,9 +283,29 @@ def measured_notes(row: dict[str, Any]) -> list[str]:
         notes.append(f"eager call {eager - kernel:.0f} us above its device time (host work)")
     if row.get("graph_error"):
         notes.append(f"not capturable in a CUDA graph ({row['graph_error'].split(':')[0]}): eager time only")
+    if row.get("counters"):  # Nsight Compute's view of the same shape (attach_counters)
+        notes.append(ncu.note(row["counters"]))
     if row.get("met") is False and not notes:
         notes.append("below target; not explained by these measurements")
     return notes
+
+
+def attach_counters(doc: dict[str, Any], directory: Path, impl: str = "tilelang") -> int:
+    """Give each `impl` row whose shape has a counters file under `directory` (scripts/gpu-probe.sh's
+    ncu/, named by tkverify.ncu.counters_file) a summary of its launches, and the note of what bounds
+    it; returns how many rows got one."""
+    count = 0
+    for row in doc["rows"]:
+        path = directory / ncu.counters_file(row["op"], row["shape"])
+        if row["impl"] != impl or not path.is_file():
+            continue
+        summary = ncu.summarize(ncu.read(path))
+        if summary is not None:
+            row["counters"] = summary
+            row["notes"] = measured_notes(row)
+            count += 1
+    doc["counters"] = {"dir": str(directory), "impl": impl, "rows": count}
+    return count
 
 
 def best_time_us(row: dict[str, Any]) -> float | None:
@@ -365,7 +386,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += [f"- copy bandwidth {doc['copy_bandwidth_TBps']:.3f} TB/s (read + write), write-only "
               f"{_fmt(doc.get('write_bandwidth_TBps'), '.3f')} TB/s", "- time: median of CUDA-event times, "
               "L2 flushed; kernel: the same call replayed from a CUDA graph (device time alone). Bandwidth, "
-              "ratios and verdicts use the kernel time where there is one.", ""]
+              "ratios and verdicts use the kernel time where there is one."]
+    if doc.get("counters"):
+        c = doc["counters"]
+        lines.append(f"- counters: Nsight Compute of {c['rows']} {c['impl']} rows (`{c['dir']}`, one process a shape, "
+                     f"at the bench's clocks); a row's `ncu:` note says what its launches show bounds it "
+                     f"(tkverify/ncu.py)")
+    lines.append("")
     rows = doc["rows"]
     impls = _impl_order(rows)
     lines += ["## Summary (kernel time in us; share of copy bandwidth)", "",

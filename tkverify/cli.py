@@ -239,6 +239,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print("tkverify bench: timing needs a CUDA device, which this machine lacks", file=sys.stderr)
             return 2
         doc = bench.run(entries, bench.wanted_impls(entries, args.impl), reps=args.reps, graphs=not args.no_graph)
+    if args.ncu:
+        if not args.ncu.is_dir():
+            print(f"tkverify bench --ncu: {args.ncu} is not a folder", file=sys.stderr)
+            return 2
+        print(f"counters: {bench.attach_counters(doc, args.ncu)} rows from {args.ncu}")
     paths = bench.write(doc, args.out)
     for u in doc.get("unavailable", []):
         print(f"not run: {u['op']} [{u['shape']}] {u['impl']}: {u['reason']}")
@@ -291,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph (device-only) timing")
     b.add_argument("--merge", nargs="+", metavar="JSON", help="join the bench.json of several runs instead of "
                    "timing (each run's tile_kernels rows become tile_kernels==<its version>)")
+    b.add_argument("--ncu", type=Path, metavar="DIR", help="Nsight Compute counters of the shapes "
+                   "(scripts/gpu-probe.sh's ncu/): each tilelang row gets a note of what bounds it")
     b.set_defaults(func=cmd_bench)
 
     # Mutation testing (tkverify/mutants): the options live beside the runner.
