@@ -311,7 +311,9 @@ def _hi(T, word):
 
 def _at(offset: int, index):
     """offset + index, or index itself at offset 0 (no `0 + i` in the IR: chunk set 0 of a
-    several-chunk kernel is written exactly as the one-chunk kernel's only set)."""
+    several-chunk kernel is written exactly as the one-chunk kernel's only set).  The macros repeat
+    `_at(q * nt, tx)` rather than name it: a name assigned in a macro becomes a variable of the
+    generated CUDA, which would change the shipped kernels' source (and their cached binaries)."""
     return index if offset == 0 else offset + index
 
 

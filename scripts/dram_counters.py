@@ -1,18 +1,13 @@
-"""What bounds a kernel that misses its bandwidth target: its DRAM traffic and throughput from Nsight Compute.
+"""Call each benchmark shape's tilelang implementation, for Nsight Compute to count (scripts/gpu-probe.sh).
 
-    ncu --csv --metrics <METRICS below> --kernel-name regex:'<KERNELS>' \
-        python scripts/dram_counters.py [-k OPS] > counters.csv
     python scripts/dram_counters.py -k OPS --list     # index and counters file of each shape
     ncu ... python scripts/dram_counters.py -k OPS --entry I > <its counters file>   # one shape a process
 
-For each op with benchmark shapes (the registry's `BenchShape`s; -k picks ops by substring),
-the tilelang implementation is called twice (the first call compiles or loads; ncu counts
-both), and a 2 GiB device-to-device copy and a 2 GiB fill are made once, the references the bench
-divides by (copy bandwidth, write-only rate).
-The counters say, per kernel launch: the bytes DRAM really moved (read and written; against
-the bytes the spec counts), the DRAM throughput as a share of its sustained peak, and the
-SMs' own throughput share: a kernel whose DRAM share is near the copy's is bound by DRAM, one
-whose DRAM share is low with a high SM share by its instructions, one low on both by latency.
+For each op with benchmark shapes (the registry's `BenchShape`s; -k picks ops by substring), the
+tilelang implementation is called twice (the first call compiles or loads; tkverify.ncu keeps the
+second).  Without --entry, a 2 GiB device-to-device copy and a 2 GiB fill are made first, the
+references the bench divides by (copy bandwidth, write-only rate).  What the counters say bounds
+each shape: tkverify/ncu.py.
 """
 
 from __future__ import annotations
@@ -22,16 +17,6 @@ import argparse
 import torch
 
 from tkverify import bench, ncu, registry
-
-METRICS = ",".join((
-    "gpu__time_duration.sum",
-    "dram__bytes_read.sum",
-    "dram__bytes_write.sum",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "launch__registers_per_thread",
-    "sm__warps_active.avg.pct_of_peak_sustained_active",
-))
 
 
 def main() -> None:

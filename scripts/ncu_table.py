@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tkverify.ncu import STALL, read  # noqa: E402
+from tkverify import ncu  # noqa: E402
 
 SHARES = (  # (column, metric)
     ("issue", "sm__issue_active.avg.pct_of_peak_sustained_elapsed"),
@@ -34,17 +34,15 @@ SHARES = (  # (column, metric)
 
 
 def number(row: dict[str, str], metric: str) -> float:
-    try:
-        return float(row.get(metric, "").replace(",", ""))
-    except ValueError:
-        return math.nan
+    value = ncu.number(row, metric)
+    return math.nan if value is None else value
 
 
 def line(row: dict[str, str]) -> str:
     name = re.sub(r"[<(].*", "", re.sub(r"^void ", "", row["Kernel Name"]))[-34:]
     us = number(row, "gpu__time_duration.sum") / 1e3
     read, written = number(row, "dram__bytes_read.sum") / 1e6, number(row, "dram__bytes_write.sum") / 1e6
-    stalls = sorted(((number(row, m), STALL.fullmatch(m).group(1)) for m in row if STALL.fullmatch(m)), reverse=True)
+    stalls = sorted(((number(row, m), ncu.STALL.fullmatch(m).group(1)) for m in row if ncu.STALL.fullmatch(m)), reverse=True)
     return (f"{name:34s} {us:8.1f} {read:8.1f} {written:8.1f} {(read + written) / us:5.2f} "
             + " ".join(f"{number(row, m):5.1f}" for _, m in SHARES)
             + f" {number(row, 'launch__registers_per_thread'):4.0f}"
@@ -60,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'kernel':34s} {'us':>8s} {'MB read':>8s} {'MB writ':>8s} {'TB/s':>5s} "
           + " ".join(f"{c:>5s}" for c, _ in SHARES) + " regs  occ  GHz  largest stalls")
-    for row in read(Path(args.csv)):
+    for row in ncu.read(Path(args.csv)):
         if number(row, "gpu__time_duration.sum") / 1e3 >= args.min_us:
             print(line(row))
 

@@ -296,8 +296,10 @@ def attach_counters(doc: dict[str, Any], directory: Path, impl: str = "tilelang"
     it; returns how many rows got one."""
     count = 0
     for row in doc["rows"]:
+        if row["impl"] != impl:
+            continue
         path = directory / ncu.counters_file(row["op"], row["shape"])
-        if row["impl"] != impl or not path.is_file():
+        if not path.is_file():
             continue
         summary = ncu.summarize(ncu.read(path))
         if summary is not None:

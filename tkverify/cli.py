@@ -202,7 +202,9 @@ def cmd_shards(args: argparse.Namespace) -> int:
             return 1
         paths = merge_partial_run(args.report_dir)
         partial = "partial" in json.loads(paths["json"].read_text())["meta"]
-        print(f"{'partial report from the shards of a run that did not finish' if partial else 'report from the final shards of finished runs'}: {paths['md']}")
+        what = ("partial report from the shards of a run that did not finish" if partial
+                else "report from the final shards of finished runs")
+        print(f"{what}: {paths['md']}")
     workers, union_equal = shard_summary(args.report_dir)
     for w in workers:
         touched = w["peak_bytes_per_gpu"]

@@ -72,11 +72,9 @@ def summarize(rows: list[dict[str, str]]) -> dict[str, Any] | None:
     if not ops:
         return None
     names = [r.get("Kernel Name") for r in ops]
-    for calls in (3, 2):  # dram_counters.py calls an op twice: keep the second call's launches
-        n = len(ops) // calls
-        if n and len(ops) % calls == 0 and all(names[i] == names[i % n] for i in range(len(ops))):
-            ops = ops[-n:]
-            break
+    n = len(ops) // 2  # dram_counters.py calls an op twice: keep the second call's launches
+    if n and len(ops) == 2 * n and names[:n] == names[n:]:
+        ops = ops[n:]
     times = [number(r, TIME) for r in ops]
     total = sum(times)
 
