@@ -9,7 +9,10 @@
 # steps' caps, default 120, 160, 170), STEPS (default "findings report fuzz found",
 # plus "raw" for upstream-v1; "bench" is extra), FINDINGS (the case files to replay, default
 # every committed one), FUZZ_K (a pytest -k expression for the fuzz steps: e.g. the one test whose
-# per-shape JIT compiles kept an earlier run from finishing), FUZZ_SEEDS (fuzz-seeds: one process a seed).  The first four run side by side, the
+# per-shape JIT compiles kept an earlier run from finishing), FUZZ_SEEDS (fuzz-seeds: one process a seed), SEEDS_K (fuzz-seeds' -k, default FUZZ_K's:
+# with both fuzz and fuzz-seeds, FUZZ_K="not X" and SEEDS_K="X" split the hunt, and fuzz-all merges it back),
+# FINDINGS_PROCS (findings: the committed cases dealt out over that many processes), FUZZ_WORKERS and
+# REPORT_WORKERS (pytest -n of fuzz and report, default 7).  The first four run side by side, the
 # last after them; each is
 # capped so that the whole stays within BUDGET:
 #   findings  every committed case, reports/tile-kernels-*/cases/*.json, replayed in one process
@@ -55,11 +58,17 @@ source scripts/steps.sh
 
 # findings, raw, report and fuzz run side by side (one GPU, 16 cores: 1 + 1 + 7 + 7 processes), each
 # under its own cap, so that one ~300 s call holds all of them; then the cases this run saved.
-if wants findings; then  # the committed findings, confirmed or refuted: one process, shared JIT compiles
-  { step findings timeout -k 10 "$(cap "${FINDINGS_SECONDS:-120}" 60)" python3 -m tkverify.cli replay \
-      ${FINDINGS:-reports/tile-kernels-*/cases/*.json} --impl tile_kernels
-    step findings-raw env TKVERIFY_TK_RAW=1 timeout -k 5 "$(cap 30 50)" python3 -m tkverify.cli replay \
-      reports/tile-kernels-*/cases/raw/*.json --impl tile_kernels; } &
+if wants findings; then  # the committed findings, confirmed or refuted: FINDINGS_PROCS processes (default 1),
+  # the cases dealt out in name order, each process compiling tile-kernels' JIT kernels its cases need once
+  read -ra cases <<<"$(echo ${FINDINGS:-reports/tile-kernels-*/cases/*.json})"
+  procs=${FINDINGS_PROCS:-1}
+  for ((p = 1; p <= procs; p++)); do
+    share=(); for ((i = p - 1; i < ${#cases[@]}; i += procs)); do share+=("${cases[i]}"); done
+    [ ${#share[@]} -gt 0 ] && step "findings-$p" timeout -k 10 "$(cap "${FINDINGS_SECONDS:-120}" 60)" \
+      python3 -m tkverify.cli replay "${share[@]}" --impl tile_kernels &
+  done
+  step findings-raw env TKVERIFY_TK_RAW=1 timeout -k 5 "$(cap 30 50)" python3 -m tkverify.cli replay \
+    reports/tile-kernels-*/cases/raw/*.json --impl tile_kernels &
 fi
 # fused_mapping with the adapter's two conventions off, to record tile-kernels' raw layout (1.0 only).
 wants raw && TKVERIFY_TK_RAW=1 suite_run raw "$(cap 60 60)" 1 tile_kernels ci -rs -k fused_mapping &
@@ -67,16 +76,17 @@ wants raw && TKVERIFY_TK_RAW=1 suite_run raw "$(cap 60 60)" 1 tile_kernels ci -r
 # (timeout signals the whole process group), then the report from the shards, marked partial: on an
 # interrupt pytest wrote a report of its own that did not say the run was cut (session 3's fuzz run).
 wants report && step report timeout -s KILL "$(cap "${REPORT_SECONDS:-160}" 60)" python3 -m tkverify.cli report \
-  --impl tile_kernels --profile ci -n 7 --out "$R/report-ci" -- -rs "--tk-cases=$R/cases-ci" &
+  --impl tile_kernels --profile ci -n "${REPORT_WORKERS:-7}" --out "$R/report-ci" -- -rs "--tk-cases=$R/cases-ci" &
 # The hunt: every op and backward, the fuzz profile, failing cases saved per (op, impl), report in $R/fuzz.
-wants fuzz && suite_run fuzz "$(cap "${FUZZ_SECONDS:-170}" 60)" 7 tile_kernels fuzz -rs ${FUZZ_K:+-k "$FUZZ_K"} &
+wants fuzz && suite_run fuzz "$(cap "${FUZZ_SECONDS:-170}" 60)" "${FUZZ_WORKERS:-7}" tile_kernels fuzz -rs ${FUZZ_K:+-k "$FUZZ_K"} &
 # The same hunt split over seeds, one process each, side by side (FUZZ_SEEDS, default 1..8): a test whose
 # per-shape JIT compiles make one process too slow for the examples asked (1.0.0's Sinkhorn forward, about
 # 17 s a new shape in run 15) gets them from several processes at once, each drawing its own examples
 # (TKVERIFY_FUZZ_EXAMPLES a seed); the seeds' shards are merged into one report, fuzz-seeds.
 if wants fuzz-seeds; then
+  SEEDS_K="${SEEDS_K-${FUZZ_K:-}}"
   for s in ${FUZZ_SEEDS:-1 2 3 4 5 6 7 8}; do
-    suite_run "fuzz-seed-$s" "$(cap "${FUZZ_SECONDS:-170}" 60)" 1 tile_kernels fuzz -rs ${FUZZ_K:+-k "$FUZZ_K"} \
+    suite_run "fuzz-seed-$s" "$(cap "${FUZZ_SECONDS:-170}" 60)" 1 tile_kernels fuzz -rs ${SEEDS_K:+-k "$SEEDS_K"} \
       --hypothesis-seed "$s" &
   done
 fi
@@ -96,6 +106,12 @@ if wants fuzz-seeds; then
     for f in "$d"/*.json; do [ -e "$f" ] && cp "$f" "$R/fuzz-seeds/shards/$(basename "$(dirname "$d")")-$(basename "$f")"; done
   done
   step shards-fuzz-seeds python3 -m tkverify.cli shards --merge "$R/fuzz-seeds"
+  if wants fuzz; then  # the fuzz run and its seeds together: the one report of the whole hunt, fuzz-all
+    mkdir -p "$R/fuzz-all/shards"
+    for f in "$R"/fuzz/shards/*.json; do [ -e "$f" ] && cp "$f" "$R/fuzz-all/shards/fuzz-$(basename "$f")"; done
+    cp "$R"/fuzz-seeds/shards/*.json "$R/fuzz-all/shards/" 2>/dev/null
+    step shards-fuzz-all python3 -m tkverify.cli shards --merge "$R/fuzz-all"
+  fi
 fi
 # Every case this run saved, replayed once more in one process (verdict and worst element, for the findings).
 if wants found; then
