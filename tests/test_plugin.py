@@ -1,11 +1,14 @@
 """Plugin logic that does not need a GPU: worker pinning, implementation choice, profiles."""
 
 import dataclasses
+import importlib
 import os
+import sys
 
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tkverify import profiles, registry
 from tkverify.plugin import selected_impls, worker_gpu, worker_threads
@@ -83,3 +86,29 @@ def test_a_builtin_lacking_an_op_is_reported_but_a_users_name_is_not():
     chosen = dict(selected_impls(spec, "torch,tile_kernels,someone_elses"))
     assert chosen["torch"] is None and "no implementation" in chosen["tile_kernels"]
     assert "someone_elses" not in chosen
+
+
+def _derandomised_integers() -> list[int]:
+    drawn = []
+
+    @settings(max_examples=300, derandomize=True, database=None)
+    @given(st.integers(0, 10**9))
+    def run(value):
+        drawn.append(value)
+
+    run()
+    return drawn
+
+
+def test_a_derandomised_draw_does_not_depend_on_what_the_process_imported(tmp_path, monkeypatch):
+    """Hypothesis draws some choices from literals in the local modules imported so far; the plugin
+    pins that pool (profiles.pin_constant_pool), so a module imported between two draws of the same
+    derandomised test changes nothing (H200 run 21: a strategy test failed in one xdist worker only)."""
+    assert profiles.pin_constant_pool()
+    before = _derandomised_integers()
+    (tmp_path / "tkverify_pool_probe.py").write_text(
+        "LITERALS = (" + ", ".join(str(123457 + 7919 * i) for i in range(300)) + ")\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tkverify_pool_probe", raising=False)
+    importlib.import_module("tkverify_pool_probe")
+    assert _derandomised_integers() == before
