@@ -10,7 +10,7 @@
 # plus "raw" for upstream-v1; "bench" is extra), FINDINGS (the case files to replay, default
 # every committed one), FUZZ_K (a pytest -k expression for the fuzz steps: e.g. the one test whose
 # per-shape JIT compiles kept an earlier run from finishing), FUZZ_SEEDS (fuzz-seeds: one process a seed), SEEDS_K (fuzz-seeds' -k, default FUZZ_K's:
-# with both fuzz and fuzz-seeds, FUZZ_K="not X" and SEEDS_K="X" split the hunt, and fuzz-all merges it back),
+# SEEDS_EXAMPLES (a seed's examples, default TKVERIFY_FUZZ_EXAMPLES); with both fuzz and fuzz-seeds, FUZZ_K="not X" and SEEDS_K="X" split the hunt, and fuzz-all merges it back),
 # FINDINGS_PROCS (findings: the committed cases dealt out over that many processes), FUZZ_WORKERS and
 # REPORT_WORKERS (pytest -n of fuzz and report, default 7).  The first four run side by side, the
 # last after them; each is
@@ -86,8 +86,9 @@ wants fuzz && suite_run fuzz "$(cap "${FUZZ_SECONDS:-170}" 60)" "${FUZZ_WORKERS:
 if wants fuzz-seeds; then
   SEEDS_K="${SEEDS_K-${FUZZ_K:-}}"
   for s in ${FUZZ_SEEDS:-1 2 3 4 5 6 7 8}; do
-    suite_run "fuzz-seed-$s" "$(cap "${FUZZ_SECONDS:-170}" 60)" 1 tile_kernels fuzz -rs ${SEEDS_K:+-k "$SEEDS_K"} \
-      --hypothesis-seed "$s" &
+    ( export TKVERIFY_FUZZ_EXAMPLES="${SEEDS_EXAMPLES:-$TKVERIFY_FUZZ_EXAMPLES}"
+      suite_run "fuzz-seed-$s" "$(cap "${FUZZ_SECONDS:-170}" 60)" 1 tile_kernels fuzz -rs ${SEEDS_K:+-k "$SEEDS_K"} \
+        --hypothesis-seed "$s" ) &
   done
 fi
 FAMILIES="moe quant mhc engram transpose"
