@@ -2,7 +2,7 @@
 # What a GPU run of tkverify does on the H200 (through the device tool):
 #   TKVERIFY_COMMIT=<hash> STEPS="precompile pytest report bench" bash scripts/gpu-run.sh [pytest -k expression]
 # (the hash literally: the device's copy of .git may be older than the tree it runs)
-# STEPS (default: all of them but seeds/replay/fuzz) picks among: precompile pytest report bench profile tune
+# STEPS (default: all of them but seeds/replay/fuzz/probe) picks among: precompile pytest report bench probe profile tune
 # mutants memcheck racecheck seeds replay fuzz fuzz-tk suite.  "|" splits STEPS into groups that run side by side (one GPU,
 # 16 cores: the suite is host-bound), e.g. STEPS="precompile pytest | mutants memcheck | seeds"; a group
 # that starts with @N sees only GPU N (CUDA_VISIBLE_DEVICES), e.g. STEPS="@0 bench | @1 report".
@@ -10,7 +10,7 @@
 # over the GPUs the group sees (a count written N@GPUS, e.g. "4 2@0 4@0": over those only), one run after
 # another, with the GPUs' utilisation logged beside it (SUITE_TARGET=tests: the whole project suite
 # instead; SUITE_IMPL, default torch,tilelang).
-# Env: TUNE_K picks tune groups by name; TK_IMPL (default all) is pytest's --tk-impl; WORKERS (default 8) pytest -n; SEED passes
+# Env: PROBE_OPS (gpu-probe.sh's ops), PROBE_SECONDS; TUNE_K picks tune groups by name; TK_IMPL (default all) is pytest's --tk-impl; WORKERS (default 8) pytest -n; SEED passes
 # --hypothesis-seed (the ci profile then draws other examples); SEEDS="1 2 ..." runs tkverify.suite once
 # per seed (SEED_WORKERS each, --tk-impl SEED_IMPL, default torch,tilelang); MUTANT_IMPLS (default "tilelang torch"); MEMCHECK_SECONDS, MEMCHECK_TESTS, MEMCHECK_K,
 # RACECHECK_SECONDS, RACECHECK_TESTS, RACECHECK_K; REPLAY (case files for `tkverify replay --impl
@@ -55,6 +55,12 @@ run_group() {  # the steps of one group, in this order
     -n 8 ${select:+-k "$select"}
   # Every op's declared benchmark shapes (tkverify/specs), tile-kernels included where it is installed.
   wants bench && step bench python3 -m tkverify.cli bench --out "$R/bench"
+  # What bounds each kernel (scripts/gpu-probe.sh: write rates, then Nsight Compute once a bench shape of
+  # PROBE_OPS), then the bench again with those reasons in its notes: the table to commit.
+  if wants probe; then
+    step probe env OUT="$R" bash scripts/gpu-probe.sh "${PROBE_OPS:-}"
+    step bench-ncu python3 -m tkverify.cli bench --ncu "$R/probe/ncu" --out "$R/bench-ncu"
+  fi
   # Host time per call of the TileLang wrappers (what eager callers pay beyond the kernel).
   wants profile && step profile python3 scripts/profile_host.py -k per_token_cast,swiglu,expand_to_fused,transpose,engram,sinkhorn
   # Candidate static configurations, bitwise-checked against the shipped ones.
