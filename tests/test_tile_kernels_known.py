@@ -70,6 +70,13 @@ FINDING_CASES = [
      "G11"),
     ("tile-kernels-1.0.0/cases/moe.expand_to_fused-G12-no-token.json", "1.0.0", False, {"out"}, "", "G12"),
     ("tile-kernels-1.0.0/cases/quant.per_block_cast-G14-inf.json", "1.0.0", False, {"sf"}, "", "G14"),
+    # run 22 (1.0.0's fuzz run): G14 with round_sf, G8 with one -inf that k reaches, F10 on 1.0.0
+    ("tile-kernels-1.0.0/cases/quant.per_block_cast-G14-inf-round_sf.json", "1.0.0", False, {"sf", "data"}, "",
+     "G14"),
+    ("tile-kernels-1.0.0/cases/moe.topk_gate-G8-one-neg-inf.json", "1.0.0", False, {"indices"}, "", "G8"),
+    ("tile-kernels-1.0.0/cases/engram.gate-F10-t0-gradients.json", "1.0.0", True, None,
+     "RuntimeError: kernel engram_gate_bwd_kernel input grad_out strides[2] violates packed ABI constraint; "
+     "expected: 0, got: 1", "F10"),
     ("tile-kernels-2.1.0/cases/engram.gate-P1-empty-batch-gradients.json", "2.1.0", True, None,
      "RuntimeError: kernel engram_gate_bwd_kernel_cuda input grad_out strides[2] violates packed ABI constraint; "
      "expected: 0, got: 1", "F10"),
@@ -125,6 +132,9 @@ def test_a_case_outside_the_domain_is_not_excused():
     # G8: the same repeated index on distinct finite scores would be new.
     case, failure = _failure("tile-kernels-1.0.0/cases/moe.topk_gate-G8-tied-neg-inf.json", False, {"indices"}, "")
     case.inputs["scores"] = torch.tensor([[0.0, 1.0]])
+    assert known.known("1.0.0", case, failure) is None
+    # ... or on a -inf that k does not reach.
+    case.inputs["scores"] = torch.tensor([[0.0, 1.0, -float("inf"), -float("inf")]])
     assert known.known("1.0.0", case, failure) is None
     # G14: an sf failing in a block cast without an inf in x would be new.
     case, failure = _failure("tile-kernels-1.0.0/cases/quant.per_block_cast-G14-inf.json", False, {"sf"}, "")
