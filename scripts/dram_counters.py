@@ -49,8 +49,12 @@ def main() -> None:
             continue
         inputs, params = entry.shape.make(device)
         fn = impl.function()
+        # the op's own launches inside an NVTX range, so that ncu can leave out the inputs' making
+        # (gpu-probe.sh with PROBE_NVTX=1: --nvtx --nvtx-include "tkverify-op/")
+        torch.cuda.nvtx.range_push("tkverify-op")
         for _ in range(2):
             fn(**inputs, **params)
+        torch.cuda.nvtx.range_pop()
         torch.cuda.synchronize()
         print(f"# {entry.label} [{entry.shape.name}]: spec bytes {entry.shape.nbytes(inputs, params)}"
               + (f", written {entry.shape.written(inputs, params)}" if entry.shape.written else ""), flush=True)

@@ -26,7 +26,10 @@ if [ -n "$NCU" ]; then
     (( SECONDS - start > ${PROBE_SECONDS:-300} )) && { echo "ncu: out of time before $name" >>"$P/steps.txt"; break; }
     # --clock-control none: the clocks the bench runs at (ncu's default locks them to base: run 17's
     # compute-bound kernels took 1.2x their bench time under it)
-    timeout 90 "$NCU" --clock-control none --csv --page raw --section SpeedOfLight --section WarpStateStats \
+    # PROBE_NVTX=1: only the op's launches (dram_counters.py's NVTX range), not the inputs' making, which
+    # made run 23's ncu take about 15 s a shape (not yet tried on the device: off by default)
+    timeout 90 "$NCU" ${PROBE_NVTX:+--nvtx --nvtx-include "tkverify-op/"} --clock-control none --csv --page raw \
+      --section SpeedOfLight --section WarpStateStats \
       --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
       --metrics dram__bytes_read.sum,dram__bytes_write.sum \
       python3 scripts/dram_counters.py -k "$ops" --entry "$i" 2>>"$P/ncu.err" | gzip >"$P/ncu/$name"
