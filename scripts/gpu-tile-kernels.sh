@@ -8,14 +8,14 @@
 # included), TKVERIFY_FUZZ_EXAMPLES (default 60), FINDINGS_SECONDS, REPORT_SECONDS, FUZZ_SECONDS (the
 # steps' caps, default 120, 160, 170), STEPS (default "findings report fuzz found",
 # plus "raw" for upstream-v1; "bench" is extra), FINDINGS (the case files to replay, default
-# every committed one), FUZZ_K (a pytest -k expression for the fuzz steps: e.g. the one test whose
-# per-shape JIT compiles kept an earlier run from finishing), FUZZ_SEEDS (fuzz-seeds: one process a seed), SEEDS_K (fuzz-seeds' -k, default FUZZ_K's:
-# SEEDS_EXAMPLES (a seed's examples, default TKVERIFY_FUZZ_EXAMPLES); with both fuzz and fuzz-seeds, FUZZ_K="not X" and SEEDS_K="X" split the hunt, and fuzz-all merges it back),
-# FINDINGS_PROCS (findings: the committed cases dealt out over that many processes), FUZZ_WORKERS and
-# REPORT_WORKERS (pytest -n of fuzz and report, default 7).  The first four run side by side, the
-# last after them; each is
-# capped so that the whole stays within BUDGET:
-#   findings  every committed case, reports/tile-kernels-*/cases/*.json, replayed in one process
+# every committed one), FINDINGS_PROCS (the processes they are dealt over, default 1), FUZZ_K (a pytest
+# -k expression for the fuzz steps: e.g. the one test whose per-shape JIT compiles kept an earlier run
+# from finishing), FUZZ_SEEDS (fuzz-seeds: one process a seed), SEEDS_K and SEEDS_EXAMPLES (fuzz-seeds'
+# -k and examples a seed, default FUZZ_K's and TKVERIFY_FUZZ_EXAMPLES; with both fuzz and fuzz-seeds,
+# FUZZ_K="not X" and SEEDS_K="X" split the hunt, and fuzz-all merges it back), FUZZ_WORKERS and
+# REPORT_WORKERS (pytest -n of fuzz and report, default 7).  The first steps run side by side, found
+# after them; each is capped so that the whole stays within BUDGET:
+#   findings  every committed case, reports/tile-kernels-*/cases/*.json, replayed (FINDINGS_PROCS processes)
 #             (cases/raw/*.json with TKVERIFY_TK_RAW=1: the adapter's size refusals off)
 #   raw       fused_mapping with the adapter's conventions off (1.0 only)
 #   report    the derandomised ci profile: the report to commit
@@ -101,18 +101,20 @@ fi
 wait
 # A report run cut by its cap: its report from the shards its workers wrote (every <= 15 s), marked partial.
 [ -d "$R/report-ci/shards" ] && [ ! -f "$R/report-ci/report.json" ] && python3 -m tkverify.cli shards --merge "$R/report-ci"
-if wants fuzz-seeds; then
-  mkdir -p "$R/fuzz-seeds/shards"
-  for d in "$R"/fuzz-seed-*/shards; do
-    for f in "$d"/*.json; do [ -e "$f" ] && cp "$f" "$R/fuzz-seeds/shards/$(basename "$(dirname "$d")")-$(basename "$f")"; done
+# merge_runs NAME RUN...: one report, $R/NAME, from the shards of several runs under $R (each shard named
+# after its run, so that the workers' names do not collide).
+merge_runs() {
+  local name=$1 run f; shift; mkdir -p "$R/$name/shards"
+  for run; do
+    for f in "$R/$run"/shards/*.json; do [ -e "$f" ] && cp "$f" "$R/$name/shards/$run-$(basename "$f")"; done
   done
-  step shards-fuzz-seeds python3 -m tkverify.cli shards --merge "$R/fuzz-seeds"
-  if wants fuzz; then  # the fuzz run and its seeds together: the one report of the whole hunt, fuzz-all
-    mkdir -p "$R/fuzz-all/shards"
-    for f in "$R"/fuzz/shards/*.json; do [ -e "$f" ] && cp "$f" "$R/fuzz-all/shards/fuzz-$(basename "$f")"; done
-    cp "$R"/fuzz-seeds/shards/*.json "$R/fuzz-all/shards/" 2>/dev/null
-    step shards-fuzz-all python3 -m tkverify.cli shards --merge "$R/fuzz-all"
-  fi
+  step "shards-$name" python3 -m tkverify.cli shards --merge "$R/$name"
+}
+if wants fuzz-seeds; then
+  seed_runs=(); for s in ${FUZZ_SEEDS:-1 2 3 4 5 6 7 8}; do seed_runs+=("fuzz-seed-$s"); done
+  merge_runs fuzz-seeds "${seed_runs[@]}"
+  # the fuzz run and its seeds together: the one report of the whole hunt
+  wants fuzz && merge_runs fuzz-all fuzz "${seed_runs[@]}"
 fi
 # Every case this run saved, replayed once more in one process (verdict and worst element, for the findings).
 if wants found; then

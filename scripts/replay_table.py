@@ -30,7 +30,8 @@ def main(log: str) -> None:
         lines = block.splitlines()
         path = lines[0].strip()
         verdict, why = verdict_of(lines)
-        release = "1.0.0" if "tile-kernels-1.0.0" in path else "2.1.0"
+        release = re.search(r"tile-kernels-([\d.]+)/", path)
+        release = release.group(1) if release else "?"
         print(f"| {release} | `{path.split('/cases/')[-1]}` | {verdict} | {why[:160].replace('|', '/')} |")
 
 

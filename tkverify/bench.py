@@ -18,7 +18,7 @@ Both bound the device time from above, so a row is judged by the smaller
 (`best_time_us`).  The replay is usually the smaller, by the host work it
 leaves out; but in H200 run 23 the replays of six of our kernels (mhc.post,
 expand_to_fused, reduce_fused, cast_back, the block and e2m1 casts) ran
-2-11% slower than their eager calls, while Nsight Compute's own kernel
+5-11% slower than their eager calls, while Nsight Compute's own kernel
 durations matched the eager times (post 497 us: eager 501, replay 555;
 expand 648: 662 and 720; reduce 474: 482 and 532).
 

@@ -41,11 +41,11 @@ def pin_constant_pool() -> bool:
     """
     try:
         from hypothesis.internal.conjecture import providers
-        empty = providers.Constants()
-    except (ImportError, AttributeError):
+    except ImportError:
         return False
     if not hasattr(providers, "_get_local_constants"):
         return False
+    empty = providers.Constants()
     providers._get_local_constants = lambda: empty
     cache = getattr(providers, "CONSTANTS_CACHE", None)  # (choice kind, constraints) -> the pools drawn from
     if cache is not None:
