@@ -664,6 +664,9 @@ class ExpandConfig(NamedTuple):
     threads: int = EXPAND_THREADS  # threads of a CTA
     units: int = 1  # units a thread loads (all in flight) before it stores them: a tile is threads * units
     streaming: bool = False  # out (rows and padding zeros) stored with st.global.cs (16-byte units only)
+    # 16-byte units only: the tile is staged in shared memory and thread k < K hands slot k's copy of it to
+    # the TMA engine (one cp.async.bulk store of the whole tile); padding rows are stored as without it
+    bulk: bool = False
 
 
 EXPAND_CONFIGS = (
@@ -692,6 +695,16 @@ EXPAND_TUNE_CONFIGS = (
     ExpandConfig("rows", 16, threads=896, streaming=True),
     # half a row a CTA, 2 units a thread in flight
     ExpandConfig("rows", 16, threads=448, units=2),
+    # TMA bulk stores: the tile staged once in shared memory, then K threads each hand one copy of it to the
+    # copy engine.  Run 23's ncu found the shipped kernel latency-bound on its stores (long_scoreboard,
+    # mio_throttle: 8 st.global.v4 a unit through the load/store unit, DRAM at 74% of peak); here a tile's
+    # K copies cost K instructions a CTA, and the engine keeps them in flight without registers.
+    # A whole row a CTA (896 units: 14 KiB staged), over 256 threads x 4 units and 128 x 7:
+    ExpandConfig("rows", 16, threads=256, units=4, bulk=True),
+    ExpandConfig("rows", 16, threads=128, units=7, bulk=True),
+    # 128 and 256 units a CTA (2 and 4 KiB staged; 7 and 4 CTAs a row): more, shorter CTAs an SM
+    ExpandConfig("rows", 16, bulk=True),
+    ExpandConfig("rows", 16, units=2, bulk=True),
 )
 # The shipped configuration -> the configuration to use instead (any of EXPAND_TO_FUSED.configs with
 # the same stage and width), set by a tuning run.
@@ -782,37 +795,55 @@ def _build_expand_rows_tuned(config: ExpandConfig):
     tile p % tiles of the rows [32 (p // tiles), + 32) that no pair reaches.
     """
     T = _tilelang.T()
-    unit, threads, units, streaming = config.width, config.threads, config.units, config.streaming
-    assert config.stage == "rows" and (unit == 16 or not streaming), config
+    unit, threads, units, streaming, bulk = config.width, config.threads, config.units, config.streaming, config.bulk
+    assert config.stage == "rows" and (unit == 16 or not (streaming or bulk)) and not (streaming and bulk), config
     raw = "int32" if unit == 16 else RAW_DTYPES[unit]
     lanes = 4 if unit == 16 else 1
     span = threads * units  # units of a tile
     num_tokens, num_units, num_rows, num_slots = T.dynamic("num_tokens, num_units, num_rows, num_slots")
 
     @T.macro
-    def move(x, token_topk_to_pos, row_src, out, positions, unit_bits, logical, tx, token_blocks, total, tiles):
+    def move(x, token_topk_to_pos, row_src, out, positions, unit_bits, staged, logical, tx, token_blocks, total,
+             tiles):
         """Logical block `logical`: a token block's tile, or a padding block's (block-uniform branches)."""
         if logical < token_blocks:
             token = T.truncdiv(logical, tiles)
             first_unit = T.Cast("int32", T.truncmod(logical, tiles)) * span + tx
-            for j in T.unroll(units):
-                if first_unit + j * threads < num_units:
-                    for v in T.vectorized(lanes):
-                        unit_bits[j * lanes + v] = x[token, (first_unit + j * threads) * lanes + v]
+            if bulk:
+                for j in T.unroll(units):
+                    if first_unit + j * threads < num_units:
+                        for v in T.vectorized(lanes):
+                            staged[(j * threads + tx) * lanes + v] = x[token, (first_unit + j * threads) * lanes + v]
+                T.call_extern("handle", _tilelang.BULK_FENCE)
+            else:
+                for j in T.unroll(units):
+                    if first_unit + j * threads < num_units:
+                        for v in T.vectorized(lanes):
+                            unit_bits[j * lanes + v] = x[token, (first_unit + j * threads) * lanes + v]
             if tx < num_slots:
                 positions[tx] = token_topk_to_pos[token, tx]
             T.sync_threads()
-            for k in T.serial(num_slots):
-                if positions[k] >= 0 and positions[k] < num_rows:
-                    for j in T.unroll(units):
-                        if first_unit + j * threads < num_units:
-                            if streaming:
-                                T.call_extern("handle", _tilelang.STORE16_STREAM,
-                                              T.address_of(out[positions[k], (first_unit + j * threads) * 4]),
-                                              T.address_of(unit_bits[j * 4]))
-                            else:
-                                for v in T.vectorized(lanes):
-                                    out[positions[k], (first_unit + j * threads) * lanes + v] = unit_bits[j * lanes + v]
+            if bulk:
+                # thread k stores slot k's copy: the tile's units [first, first + span) cut at the row's end
+                if tx < num_slots:
+                    if positions[tx] >= 0 and positions[tx] < num_rows:
+                        T.call_extern("handle", _tilelang.BULK_STORE,
+                                      T.address_of(out[positions[tx], (first_unit - tx) * lanes]),
+                                      T.address_of(staged[0]),
+                                      T.min(span, num_units - (first_unit - tx)) * 16)
+                        T.call_extern("handle", _tilelang.BULK_WAIT_READ)
+            else:
+                for k in T.serial(num_slots):
+                    if positions[k] >= 0 and positions[k] < num_rows:
+                        for j in T.unroll(units):
+                            if first_unit + j * threads < num_units:
+                                if streaming:
+                                    T.call_extern("handle", _tilelang.STORE16_STREAM,
+                                                  T.address_of(out[positions[k], (first_unit + j * threads) * 4]),
+                                                  T.address_of(unit_bits[j * 4]))
+                                else:
+                                    for v in T.vectorized(lanes):
+                                        out[positions[k], (first_unit + j * threads) * lanes + v] = unit_bits[j * lanes + v]
         elif logical < total:
             # Padding block: one tile of the rows [first, first + PAD_ROWS) that no pair reaches.
             pad = logical - token_blocks
@@ -847,13 +878,14 @@ def _build_expand_rows_tuned(config: ExpandConfig):
         tiles = T.ceildiv(num_units, span)
         token_blocks = T.Cast("int64", num_tokens) * tiles
         total = token_blocks + T.ceildiv(T.Cast("int64", num_rows), PAD_ROWS) * tiles
-        with T.Kernel(num_blocks, threads=threads,
-                      prelude=_tilelang.STORE16_STREAM_PRELUDE if streaming else None) as block:
+        prelude = _tilelang.STORE16_STREAM_PRELUDE if streaming else _tilelang.BULK_STORE_PRELUDE if bulk else None
+        with T.Kernel(num_blocks, threads=threads, prelude=prelude) as block:
             tx = T.get_thread_binding()
             positions = T.alloc_shared((MAX_K,), "int32")
             unit_bits = T.alloc_local((units * lanes,), raw)
-            move(x, token_topk_to_pos, row_src, out, positions, unit_bits, block_offset + block, tx, token_blocks,
-                 total, tiles)
+            staged = T.alloc_shared((span * lanes,), raw) if bulk else None
+            move(x, token_topk_to_pos, row_src, out, positions, unit_bits, staged, block_offset + block, tx,
+                 token_blocks, total, tiles)
 
     return expand_rows
 
