@@ -94,11 +94,13 @@ def _engram_target(backward: bool) -> Target:
 
 
 def _expand_target() -> Target:
-    """The 16-byte row kernel, keyed by its shipped configuration; row_src's map kernel beside it."""
+    """The 16-byte row kernel, keyed by its base configuration (one unit a thread, a candidate again since
+    EXPAND_SHIPPED ships 2); row_src's map kernel beside it."""
     from kernels import moe
 
     return Target(moe.EXPAND_TO_FUSED, moe.EXPAND_OVERRIDES, moe.ExpandConfig("rows", 16),
-                  moe.expand_rows_config(16), tuple(c for c in moe.EXPAND_TUNE_CONFIGS if c.width == 16),
+                  moe.expand_rows_config(16),
+                  (moe.ExpandConfig("rows", 16),) + tuple(c for c in moe.EXPAND_TUNE_CONFIGS if c.width == 16),
                   ((moe.EXPAND_TO_FUSED, moe.ExpandConfig("map", 0)),))
 
 

@@ -169,7 +169,11 @@ FWD_WAVES = 8
 # Rows whose loads are in flight, per CTA, while one is reduced: stages - 1 (a shared-memory ring
 # of cp.async copies, each thread reading back only its own chunks).
 FWD_STAGES = 4
-BWD_BLOCKS = 256  # backward: at most this many token blocks (grad_w partials); a function of T only
+# Backward: at most this many token blocks (grad_w partials), a function of T only.  128: at the bench's
+# T 4096 one wave of 32-token CTAs (one an SM) instead of 256 x 16 in two, so half the partials (8 MiB
+# written and read again, not 16) and half the CTAs' ring fills; H200 run 24 (scripts/engram_bwd_blocks.py,
+# graph replay): 256 -> 221.8 us, 132 and 128 -> 216.8 us (80.8% of copy), 64 -> 318.0 us (half the SMs).
+BWD_BLOCKS = 128
 
 # The backward's rows go through a shared-memory ring of BWD_STAGES slots up to this many threads
 # (a slot is 64 bytes a thread: at 512 threads 3 slots are 96 KiB, which fits beside the largest

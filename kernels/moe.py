@@ -96,8 +96,10 @@ Moving bits, as raw integers:
    Tuning candidates of the 16-byte kernel (`EXPAND_TUNE_CONFIGS`, not used unless
    `EXPAND_OVERRIDES` names one; benchmarks/tune.py times them): a tile of threads * units
    units, each thread loading its `units` before storing them; evict-first (st.global.cs)
-   stores to out.  Padding logical blocks there take one tile of their 32 rows each.  The
-   bytes stored are the same.  (A persistent grid of whole-row CTAs lost by 11% in H200 runs
+   stores to out; TMA bulk stores of the tile staged in shared memory.  Padding logical
+   blocks there take one tile of their 32 rows each.  The bytes stored are the same.  The
+   16-byte kernel ships one of them (EXPAND_SHIPPED): 2 units a thread, tiles of 256 units.
+   (A persistent grid of whole-row CTAs lost by 11% in H200 runs
    14 and 16, 719.6 and 712.6 us against 653.7 and 643.7 shipped, and is gone.)
 3. sf rows: a row-major x_sf is one more call of the row kernel (it is a
    (T, G) matrix like x).  A TMA-aligned column-major x_sf goes through a
@@ -667,6 +669,9 @@ class ExpandConfig(NamedTuple):
     # 16-byte units only: the tile is staged in shared memory and thread k < K hands slot k's copy of it to
     # the TMA engine (one cp.async.bulk store of the whole tile); padding rows are stored as without it
     bulk: bool = False
+    # the padding blocks first in the grid, the token blocks after them (so that the grid's last wave is
+    # of token blocks, all the same work, not of padding blocks, idle or zeroing up to 32 rows)
+    pad_first: bool = False
 
 
 EXPAND_CONFIGS = (
@@ -705,8 +710,18 @@ EXPAND_TUNE_CONFIGS = (
     # 128 and 256 units a CTA (2 and 4 KiB staged; 7 and 4 CTAs a row): more, shorter CTAs an SM
     ExpandConfig("rows", 16, bulk=True),
     ExpandConfig("rows", 16, units=2, bulk=True),
+    # the shipped 2 units a thread with each of the other knobs that ever helped (run 23/24: evict-first
+    # stores 633-637 us eager) and with the padding blocks launched first
+    ExpandConfig("rows", 16, units=2, streaming=True),
+    ExpandConfig("rows", 16, units=2, pad_first=True),
+    ExpandConfig("rows", 16, units=2, streaming=True, pad_first=True),
 )
-# The shipped configuration -> the configuration to use instead (any of EXPAND_TO_FUSED.configs with
+# The row kernel ships a tuning candidate where one was faster with the same bits: the base configuration
+# of a unit -> the one used.  16-byte units: 2 units a thread (a tile of 256 units, half the CTAs), H200
+# runs 23 and 24 (T 16384, K 8, H 7168 bf16, graph replay): 640.9 and 630.6 us against 654.2 and 643.5 us
+# for one unit a thread, every byte equal; the TMA bulk-store candidates (run 24) were no faster.
+EXPAND_SHIPPED: dict[ExpandConfig, ExpandConfig] = {ExpandConfig("rows", 16): ExpandConfig("rows", 16, units=2)}
+# The base configuration -> the configuration to use instead (any of EXPAND_TO_FUSED.configs with
 # the same stage and width), set by a tuning run.
 EXPAND_OVERRIDES: dict[ExpandConfig, ExpandConfig] = {}
 
@@ -884,7 +899,11 @@ def _build_expand_rows_tuned(config: ExpandConfig):
             positions = T.alloc_shared((MAX_K,), "int32")
             unit_bits = T.alloc_local((units * lanes,), raw)
             staged = T.alloc_shared((span * lanes,), raw) if bulk else None
-            move(x, token_topk_to_pos, row_src, out, positions, unit_bits, staged, block_offset + block, tx,
+            launched = block_offset + block
+            if config.pad_first:  # blocks [0, pad_blocks) pad, the rest are the token blocks in order
+                launched = T.alloc_var("int64", init=T.if_then_else(
+                    launched < total - token_blocks, launched + token_blocks, launched - (total - token_blocks)))
+            move(x, token_topk_to_pos, row_src, out, positions, unit_bits, staged, launched, tx,
                  token_blocks, total, tiles)
 
     return expand_rows
@@ -975,10 +994,10 @@ def _expand_rows(src: torch.Tensor, token_topk_to_pos: torch.Tensor, row_src: to
 
 
 def expand_rows_config(unit: int) -> ExpandConfig:
-    """The row kernel's configuration for `unit`: the shipped one, unless a tuning run overrides it
-    (EXPAND_OVERRIDES)."""
-    shipped = ExpandConfig("rows", unit)
-    return EXPAND_OVERRIDES.get(shipped, shipped)
+    """The row kernel's configuration for `unit`: the shipped one (EXPAND_SHIPPED's, else the base kernel),
+    unless a tuning run overrides it (EXPAND_OVERRIDES, keyed by the base configuration)."""
+    base = ExpandConfig("rows", unit)
+    return EXPAND_OVERRIDES.get(base, EXPAND_SHIPPED.get(base, base))
 
 
 def _expand_sf_columns(x_sf: torch.Tensor, row_src: torch.Tensor, num_rows: int, target) -> torch.Tensor:

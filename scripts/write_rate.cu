@@ -13,6 +13,12 @@
 //   copy        16-byte loads and stores of noise, read + write counted (what the bench's copy measures)
 //   read        16-byte loads, summed (read-only)
 //   fanout8     expand's shape: each 16-byte unit read once, written to 8 places (read + 8 writes)
+//   rows8-*     expand's shape by rows, as its row kernel moves them: 16384 rows of 7168 bf16 (896 units), a
+//               CTA of 128 threads a 128-unit tile of a row, one unit a thread, written to the row's 8
+//               destination rows from a table: "streams" 8 contiguous streams (row r -> rows j R + r, as
+//               fanout8), "experts" the layout expand_to_fused writes (8 distinct experts of 256 a row at
+//               random, rows in (row, slot) order inside each expert's segment, no padding), "shuffled" a
+//               random permutation of the 8 R rows.  Does scattering the rows cost, or the row kernel?
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <cstdio>
@@ -84,6 +90,45 @@ __global__ void fanout8(const uint4* __restrict__ s, uint4* __restrict__ d, size
 #pragma unroll
     for (int j = 0; j < 8; ++j) d[j * n + i] = v;
   }
+}
+
+// Row r of `units` 16-byte units, read once and written to rows dst[8 r + j]; CTA (row, tile of blockDim).
+__global__ void rows8(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst, int units) {
+  int tiles = (units + blockDim.x - 1) / blockDim.x;
+  size_t row = blockIdx.x / tiles;
+  int u = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+  if (u >= units) return;
+  uint4 v = s[row * units + u];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) d[(size_t)dst[row * 8 + j] * units + u] = v;
+}
+
+// The destination rows of rows8's three layouts (see the header), R source rows.
+static std::vector<int> rows8_table(const char* layout, int rows) {
+  std::vector<int> dst(8 * (size_t)rows);
+  unsigned state = 12345;
+  auto next = [&] { state = state * 1664525u + 1013904223u; return state >> 8; };
+  if (layout[0] == 's' && layout[1] == 't') {
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < 8; ++j) dst[8 * (size_t)r + j] = j * rows + r;
+  } else if (layout[0] == 'e') {
+    const int experts = 256;
+    std::vector<int> expert(dst.size()), count(experts, 0), start(experts, 0);
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < 8; ++j) {
+        int e;
+        do { e = next() % experts; } while (std::find(&expert[8 * (size_t)r], &expert[8 * (size_t)r + j], e) !=
+                                            &expert[8 * (size_t)r + j]);
+        expert[8 * (size_t)r + j] = e;
+        ++count[e];
+      }
+    for (int e = 1; e < experts; ++e) start[e] = start[e - 1] + count[e - 1];
+    for (size_t p = 0; p < dst.size(); ++p) dst[p] = start[expert[p]]++;
+  } else {
+    for (size_t p = 0; p < dst.size(); ++p) dst[p] = (int)p;
+    for (size_t p = dst.size() - 1; p > 0; --p) std::swap(dst[p], dst[next() % (p + 1)]);
+  }
+  return dst;
 }
 
 template <class F>
@@ -167,6 +212,21 @@ int main(int argc, char** argv) {
          median_us([&] { fanout8<<<sms * per_sm, 256>>>((const uint4*)a, (uint4*)b, n8); }));
   line("fanout8", (int)(n8 / 256), 256, bytes + bytes / 8.0,
        median_us([&] { fanout8<<<(unsigned)(n8 / 256), 256>>>((const uint4*)a, (uint4*)b, n8); }));
+  const int row_units = 896, rows = 16384, tile = 128;
+  if ((size_t)rows * 8 * row_units * 16 <= bytes) {
+    int* dst;
+    CHECK(cudaMalloc(&dst, 8 * (size_t)rows * sizeof(int)));
+    for (const char* layout : {"streams", "experts", "shuffled"}) {
+      std::vector<int> table = rows8_table(layout, rows);
+      CHECK(cudaMemcpy(dst, table.data(), table.size() * sizeof(int), cudaMemcpyHostToDevice));
+      char what[32];
+      std::snprintf(what, sizeof what, "rows8-%s", layout);
+      int grid = rows * ((row_units + tile - 1) / tile);
+      line(what, grid, tile, 9.0 * rows * row_units * 16,
+           median_us([&] { rows8<<<grid, tile>>>((const uint4*)a, (uint4*)b, dst, row_units); }));
+    }
+    CHECK(cudaFree(dst));
+  }
   // The same checked: the bulk stores wrote zeros everywhere.
   CHECK(cudaMemset(b, 0xAB, bytes));
   bulk_store<<<sms, 32, 16384>>>(b, bytes, 16384, 0);

@@ -267,10 +267,10 @@ def test_expand_tuning_candidates_give_the_shipped_bits(moe, monkeypatch, case):
     pos = pos.cuda()
     want, want_sf = moe.expand_to_fused(x, pos, num_rows, sf)
     assert_same_bits(want, eager.expand_to_fused(x, pos, num_rows), "shipped out")
-    shipped = moe.ExpandConfig("rows", 16)
-    for config in moe.EXPAND_TUNE_CONFIGS:
+    base = moe.ExpandConfig("rows", 16)  # the override key; the one-unit kernel the other widths ship
+    for config in (base,) + moe.EXPAND_TUNE_CONFIGS:
         with monkeypatch.context() as patch:
-            patch.setitem(moe.EXPAND_OVERRIDES, shipped, config)
+            patch.setitem(moe.EXPAND_OVERRIDES, base, config)
             assert moe.expand_rows_config(16) == config
             got, got_sf = moe.expand_to_fused(x, pos, num_rows, sf)
         assert_same_bits(got, want, f"{config} out")
