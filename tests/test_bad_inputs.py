@@ -467,7 +467,7 @@ NOT_ENTRY_POINTS = {
     "mhc.checkpoint_interval": "the backward's checkpoint arithmetic",
     "mhc.post_config": "picks post's static configuration (the shipped one, or a tuning override)",
     "mhc.sinkhorn_function": "builds the autograd Function of a (fwd, bwd) pair (covered by Sinkhorn's table)",
-    "transpose.tile_side": "a TileLang tile size",
+    "transpose.tile_shape": "a TileLang tile size",
 }
 
 # -- which functions, in which implementations ----------------------------------------------------------
