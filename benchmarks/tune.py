@@ -1,4 +1,4 @@
-"""Time candidate static configurations of the per-token cast, mHC post, Engram gate and MoE expand kernels against the shipped ones.
+"""Time candidate static configurations of the per-token cast, mHC post, Engram gate, MoE expand and transpose kernels against the shipped ones.
 
     python -m benchmarks.tune OUT.json            # on a CUDA machine
     python -m benchmarks.tune --precompile         # here: compile every config it will time (sm_90)
@@ -11,15 +11,16 @@ a host sync, runs once outside the timing, so that the call can be captured); mH
 the Engram gate forward and backward at the bench's T 4096, hc 4, H 4096 bf16, inputs and bytes
 as `tkverify.specs.engram` gives them to the bench; the backward's time includes its grad_w reduction;
 moe.expand_to_fused at the bench's T 16384, K 8, H 7168 bf16, inputs and bytes as `tkverify.specs.moe`
-gives them to the bench, the time including the row map kernel).
+gives them to the bench, the time including the row map kernel; transpose.transpose at the bench's
+8192 x 8192 f32, bf16 and e4m3, inputs and bytes as `tkverify.specs.transpose` gives them to the bench).
 For each candidate (`kernels.quant.TOKEN_TUNE_CONFIGS` of that source, dtype and
 format, `kernels.mhc.POST_TUNE_CONFIGS` of that padded m, `kernels.engram.FWD_TUNE_CONFIGS` /
 `BWD_TUNE_CONFIGS` covering rows as the shipped configuration does (`engram.row_chunks`: threads x
 chunks; a forward candidate may have fewer threads, each owning more chunks), `kernels.moe.EXPAND_TUNE_CONFIGS`
-of the row kernel's 16-byte unit) the wrapper is pointed
-at it through `kernels.quant.TOKEN_OVERRIDES` / `kernels.mhc.POST_OVERRIDES` /
-`kernels.engram.FWD_OVERRIDES` / `BWD_OVERRIDES` / `kernels.moe.EXPAND_OVERRIDES` (keyed by the
-shipped configuration), its outputs
+of the row kernel's 16-byte unit, `kernels.transpose.TRANSPOSE_TUNE_CONFIGS` of that element width)
+the wrapper is pointed at it through `kernels.quant.TOKEN_OVERRIDES` / `kernels.mhc.POST_OVERRIDES` /
+`kernels.engram.FWD_OVERRIDES` / `BWD_OVERRIDES` / `kernels.moe.EXPAND_OVERRIDES` /
+`kernels.transpose.TRANSPOSE_OVERRIDES` (keyed by the shipped configuration), its outputs
 are compared byte for byte with the shipped configuration's on the timed input
 (a candidate that changes a single byte is disqualified), and it is timed twice:
 eagerly (CUDA events around the call) and replayed from a CUDA graph.  The
@@ -44,6 +45,7 @@ MHC_M = 4
 # the bench's Engram shape (tkverify.specs.engram.BENCH_*), repeated here to name the groups
 ENGRAM_TOKENS, ENGRAM_HEADS, ENGRAM_HIDDEN = 4096, 4, 4096
 EXPAND_SLOTS = 8  # the bench's MoE top-k (tkverify.specs.moe), repeated here to name the group
+TRANSPOSE_SIDE = 8192  # the bench's aligned transpose shape (tkverify.specs.transpose), to name the groups
 
 
 class Target(NamedTuple):
@@ -102,6 +104,15 @@ def _expand_target() -> Target:
                   moe.expand_rows_config(16),
                   (moe.ExpandConfig("rows", 16),) + tuple(c for c in moe.EXPAND_TUNE_CONFIGS if c.width == 16),
                   ((moe.EXPAND_TO_FUSED, moe.ExpandConfig("map", 0)),))
+
+
+def _transpose_target(dtype: str) -> Target:
+    """The vectorized transpose of that raw-bits dtype (the 8192 x 8192 bench shapes take it)."""
+    from kernels import transpose
+
+    shipped = transpose.TransposeConfig(dtype, True)
+    return Target(transpose.BATCHED_TRANSPOSE, transpose.TRANSPOSE_OVERRIDES, shipped, shipped,
+                  tuple(c for c in transpose.TRANSPOSE_TUNE_CONFIGS if c.dtype == dtype))
 
 
 def _groups():
@@ -171,6 +182,16 @@ def _groups():
         inputs, params = shape.make(device)
         return lambda: moe.expand_to_fused(**inputs, **params), shape.nbytes(inputs, params)
 
+    def transposed(shape_name):
+        def make(device):
+            from kernels import transpose
+            from tkverify.specs import transpose as spec
+
+            (shape,) = [s for s in spec.BENCH["transpose.transpose"] if s.name == shape_name]
+            inputs, params = shape.make(device)
+            return lambda: transpose.transpose(**inputs, **params), shape.nbytes(inputs, params)
+        return make
+
     return [
         (f"per_token_cast bf16 {TOKENS}x{HIDDEN} e4m3/128", _token_target("x", "bfloat16", "e4m3"),
          cast("e4m3", 128, 1.0)),
@@ -188,6 +209,10 @@ def _groups():
         (f"engram.gate_bwd bf16 T{ENGRAM_TOKENS} hc{ENGRAM_HEADS} H{ENGRAM_HIDDEN}", _engram_target(True),
          engram_gate(True)),
         (f"moe.expand_to_fused bf16 T{TOKENS} K{EXPAND_SLOTS} H{HIDDEN}", _expand_target(), expand),
+    ] + [
+        (f"transpose.transpose {TRANSPOSE_SIDE}x{TRANSPOSE_SIDE} {name}", _transpose_target(raw),
+         transposed(f"{TRANSPOSE_SIDE}x{TRANSPOSE_SIDE} {name}"))
+        for name, raw in (("float32", "int32"), ("bfloat16", "int16"), ("e4m3", "uint8"))
     ]
 
 
