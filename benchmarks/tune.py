@@ -110,9 +110,10 @@ def _transpose_target(dtype: str) -> Target:
     """The vectorized transpose of that raw-bits dtype (the 8192 x 8192 bench shapes take it)."""
     from kernels import transpose
 
-    shipped = transpose.TransposeConfig(dtype, True)
-    return Target(transpose.BATCHED_TRANSPOSE, transpose.TRANSPOSE_OVERRIDES, shipped, shipped,
-                  tuple(c for c in transpose.TRANSPOSE_TUNE_CONFIGS if c.dtype == dtype))
+    base = transpose.TransposeConfig(dtype, True)
+    return Target(transpose.BATCHED_TRANSPOSE, transpose.TRANSPOSE_OVERRIDES, base,
+                  transpose.TRANSPOSE_SHIPPED.get(base, base),
+                  (base,) + tuple(c for c in transpose.TRANSPOSE_TUNE_CONFIGS if c.dtype == dtype))
 
 
 def _groups():

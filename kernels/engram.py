@@ -90,6 +90,8 @@ The ring (3 slots of 64 bytes a thread: 24 KiB at 128 threads, 96 KiB at
 96 KiB + 256 B + 128 KiB = 224.25 KiB of the 227 KiB a CTA may have.  The
 896-thread CTA (P up to 224 KiB, no room for a ring) loads each row into
 registers and runs the rows one after the other.
+The 512-thread backward ships with v copied into the ring at a token's head 0 only and kept in
+registers for its other heads (BWD_SHIPPED: the v_once knob; the same bits).
 Registers (ptxas, sm_90): 126 a thread at 512 threads (one CTA an SM, which
 the shared memory imposes anyway at the benchmark's hc H = 4 * 4096: 160 KiB),
 164 at 128, 72 at 896 (unpipelined; 8 bytes of spills).
@@ -263,12 +265,18 @@ BWD_TUNE_CONFIGS = (
     # grad_x, grad_k, grad_v written once: evict-first from L2
     GateConfig(512, streaming=True),
     GateConfig(512, stages=4, v_once=True, streaming=True),
+    # the 512-thread kernel without v_once, shipped before BWD_SHIPPED named the v_once candidate
+    GateConfig(512),
 )
 # The forward ships a tuning candidate where one was faster with the same bits: config_for_hidden's
 # configuration -> the one the forward uses.  256 threads x 2 chunks, 2 slots, 4 CTAs an SM for rows of
 # 1025 .. 4096 elements: H200 run 19 (T 4096, hc 4, H 4096), 111.5 us against 116.9 us for the 512-thread
 # kernel shipped before (92.7% and 88.4% of that run's copy bandwidth), every output bitwise equal.
 FWD_SHIPPED: dict[GateConfig, GateConfig] = {GateConfig(512): GateConfig(256, chunks=2, stages=2, ctas_per_sm=4)}
+# Likewise the backward: v copied once a token (rows of 1025 .. 4096 elements).  H200 runs 16 and 25 (T 4096,
+# hc 4, H 4096, graph replay): 223.3 and 217.2 us against 223.7 and 218.2 us copying it every row, bitwise
+# equal; a quarter of the v bytes through L2 and the cp.async queue (the copies of heads 1 .. hc - 1).
+BWD_SHIPPED: dict[GateConfig, GateConfig] = {GateConfig(512): GateConfig(512, v_once=True)}
 # The shipped configuration (config_for_hidden) -> the configuration to use instead (any of
 # GATE_FWD.configs / GATE_BWD.configs), for a tuning run.
 FWD_OVERRIDES: dict[GateConfig, GateConfig] = {}
@@ -805,11 +813,14 @@ def build_grad_w_reduce(config: ReduceConfig):
     """prim_func(partials (P, n), grad_w (n,)): grad_w[j] = sum over b of partials[b, j], fixed order.
 
     n = hc H (a multiple of 4): CTA c takes j in [128 c, 128 c + 128), a float4 per lane; warp q
-    adds b = q, q + 8, ... in increasing order (eight loads in flight), then the 8 warp sums are
+    adds b = q, q + 8, ... in increasing order (sixteen loads in flight), then the 8 warp sums are
     added in warp order."""
     T = _tilelang.T()
     num_parts, n4 = T.dynamic("num_parts, n4")
-    unroll = 8  # float4 loads in flight a lane (the partials are 16 MiB at the benchmark shape)
+    # float4 loads in flight a lane: 16, so that at the benchmark's 128 partials (8 MiB) each warp issues
+    # all of its 16 before its first add, one DRAM round trip (8 took 8.3 us for 256 partials, run 23's ncu).
+    # The adds keep their order (increasing b), so the bits do not depend on it.
+    unroll = 16
 
     @T.prim_func
     def engram_grad_w_reduce(
@@ -912,12 +923,13 @@ def fwd_config(hidden: int) -> GateConfig:
 
 
 def bwd_config(hidden: int, heads: int) -> GateConfig:
-    """The backward's configuration for (H, hc): the shipped one, unless a tuning run overrides it
-    (BWD_OVERRIDES) with one whose shared memory fits at this hc H (otherwise the shipped one)."""
-    config = config_for_hidden(hidden)
-    override = BWD_OVERRIDES.get(config)
+    """The backward's configuration for (H, hc): the shipped one (BWD_SHIPPED's, else config_for_hidden's),
+    unless a tuning run overrides it (BWD_OVERRIDES, keyed by config_for_hidden's) with one whose shared
+    memory fits at this hc H (otherwise the shipped one)."""
+    base = config_for_hidden(hidden)
+    override = BWD_OVERRIDES.get(base)
     if override is None or _bwd_shared_bytes(override, heads * hidden) > MAX_SHARED_PER_CTA:
-        return config
+        return BWD_SHIPPED.get(base, base)
     return override
 
 

@@ -8,8 +8,10 @@ static configuration is the element width plus the choice of variant:
 
 * vectorized (M and N multiples of V = 16 / width, 16-byte aligned data):
   each block stages a square tile (128 x 128 bytes for 1-byte elements, 64 x 64
-  elements otherwise) in shared memory.  Global loads and stores are 16-byte
-  vectors of V elements along the contiguous axis.  The shared tile is
+  elements otherwise) in shared memory.  Global loads are 16-byte vectors of
+  V elements along the contiguous axis; so are the stores as written, but
+  nvcc splits the f32 and bf16 ones into 4-byte stores (see the candidates
+  below, which the vectorized variant ships).  The shared tile is
   swizzled: chunk c (V elements) of tile row r is stored at chunk
   c ^ (r // V) of that row, which keeps both the row-wise vector stores and
   the column-wise element reads free of bank conflicts (a warp reads 8
@@ -24,10 +26,12 @@ Both variants guard every global access explicitly (tail tiles are not
 legalised by the compiler: its safe-memory pass is disabled because it would
 only add redundant per-element checks that block vectorization).
 
-Tuning candidates of the vectorized variant (`TRANSPOSE_TUNE_CONFIGS`, not
-used unless `TRANSPOSE_OVERRIDES` names one; benchmarks/tune.py times them).
-On an H200 the shipped kernel moves 8192 x 8192 at 78% (f32), 65% (bf16) and
-72% (e4m3) of the device's copy bandwidth.  Leads, from its PTX and geometry:
+Tuning candidates of the vectorized variant (`TRANSPOSE_TUNE_CONFIGS`;
+benchmarks/tune.py times them; `TRANSPOSE_SHIPPED` names the one each width
+ships, `TRANSPOSE_OVERRIDES` another for a tuning run).  On an H200 the base
+kernel above moves 8192 x 8192 at 78% (f32), 65% (bf16) and 72% (e4m3) of the
+device's copy bandwidth, the shipped candidates at 93%, 89% and 82% (run 25).
+Leads, from the base kernel's PTX and geometry:
 
 * its stores are not all 16 bytes: nvcc splits the f32 and bf16 output
   vectors (built in a local array) into four 4-byte stores (st.global.u32,
@@ -135,8 +139,17 @@ TRANSPOSE_TUNE_CONFIGS = (
     TransposeConfig("uint8", True, tile_m=256, tile_n=128, read_bytes=8),
     TransposeConfig("uint8", True, threads=128, read_bytes=8, group=8),
 )
-# The shipped configuration -> the configuration to use instead (a TRANSPOSE_TUNE_CONFIGS entry of the
-# same dtype, vectorized), set by a tuning run.
+# The vectorized kernel ships the fastest candidate of each width: the base configuration -> the one used.
+# H200 run 25 (8192 x 8192, graph replay; base kernel in brackets): f32 16-byte block reads 136.8 us
+# [164.1], bf16 128 x 128 tiles of 8 x 8 blocks in bands of 8 tile rows 71.3 us [98.7], e4m3 256 x 128
+# tiles of 16 x 8-byte blocks 38.9 us [44.8]; every candidate bitwise equal to the base kernel.
+TRANSPOSE_SHIPPED: dict[TransposeConfig, TransposeConfig] = {
+    TransposeConfig("int32", True): TransposeConfig("int32", True, read_bytes=16),
+    TransposeConfig("int16", True): TransposeConfig("int16", True, tile_m=128, tile_n=128, read_bytes=16, group=8),
+    TransposeConfig("uint8", True): TransposeConfig("uint8", True, tile_m=256, tile_n=128, read_bytes=8),
+}
+# The base configuration -> the configuration to use instead (a TRANSPOSE_TUNE_CONFIGS entry of the
+# same dtype, vectorized, or the base itself), set by a tuning run.
 TRANSPOSE_OVERRIDES: dict[TransposeConfig, TransposeConfig] = {}
 
 
@@ -486,8 +499,8 @@ def _choose_config(x: torch.Tensor, out: torch.Tensor, width: int) -> TransposeC
     vec = VECTOR_BYTES // width
     _, rows, cols = x.shape
     vectorized = rows % vec == 0 and cols % vec == 0 and _is_aligned(x) and _is_aligned(out)
-    shipped = TransposeConfig(RAW_DTYPES[width], vectorized)
-    return TRANSPOSE_OVERRIDES.get(shipped, shipped)
+    base = TransposeConfig(RAW_DTYPES[width], vectorized)
+    return TRANSPOSE_OVERRIDES.get(base, TRANSPOSE_SHIPPED.get(base, base))
 
 
 def _batches_per_launch(config: TransposeConfig, rows: int, cols: int) -> int:

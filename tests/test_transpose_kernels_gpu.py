@@ -56,15 +56,15 @@ def test_tuning_candidates_give_the_shipped_bits(tilelang_family, monkeypatch, c
     dtype, shape = case
     x = random_bits(shape, dtype, torch.Generator().manual_seed(sum(shape))).cuda()
     width = x.element_size()
-    shipped = transpose.TransposeConfig(transpose.RAW_DTYPES[width], True)
+    base = transpose.TransposeConfig(transpose.RAW_DTYPES[width], True)
+    shipped = transpose.TRANSPOSE_SHIPPED.get(base, base)
     assert transpose._choose_config(x, x.transpose(1, 2).contiguous(), width) == shipped
     want = transpose.batched_transpose(x)
     assert torch.equal(_bits(want), _bits(x.transpose(1, 2))), "the shipped kernel"
-    candidates = _candidates_of(width)
-    assert candidates
+    candidates = [base] + _candidates_of(width)  # the base kernel is a candidate where another ships
     for config in candidates:
         with monkeypatch.context() as patch:
-            patch.setitem(transpose.TRANSPOSE_OVERRIDES, shipped, config)
+            patch.setitem(transpose.TRANSPOSE_OVERRIDES, base, config)
             out = torch.empty_like(want)
             assert transpose._choose_config(x, out, width) == config
             got = transpose.batched_transpose(x)
@@ -110,13 +110,19 @@ def test_unsupported_tuned_geometry_is_refused(config):
 def test_overrides_replace_only_their_shipped_configuration(monkeypatch):
     x = torch.zeros(2, 64, 128, dtype=torch.bfloat16)
     out = torch.zeros(2, 128, 64, dtype=torch.bfloat16)
-    shipped = transpose.TransposeConfig("int16", True)
+    base = transpose.TransposeConfig("int16", True)
     candidate = _candidates_of(2)[0]
-    monkeypatch.setitem(transpose.TRANSPOSE_OVERRIDES, shipped, candidate)
+    monkeypatch.setitem(transpose.TRANSPOSE_OVERRIDES, base, candidate)
     assert transpose._choose_config(x, out, 2) == candidate
     assert transpose._choose_config(x[:, :, :-3], out, 2) == transpose.TransposeConfig("int16", False)
     assert transpose._choose_config(x.view(torch.int32), out.view(torch.int32), 4) == \
-        transpose.TransposeConfig("int32", True)
+        transpose.TRANSPOSE_SHIPPED[transpose.TransposeConfig("int32", True)]
+
+
+def test_each_width_ships_one_of_its_candidates():
+    for base, shipped in transpose.TRANSPOSE_SHIPPED.items():
+        assert base == transpose.TransposeConfig(base.dtype, True)
+        assert shipped in _candidates_of(transpose.WIDTH_OF[base.dtype])
 
 
 def test_launches_are_cut_by_the_candidate_tile():
