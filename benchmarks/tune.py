@@ -60,8 +60,8 @@ class Target(NamedTuple):
     support: tuple = ()  # (kernel, config) pairs, compiled by --precompile too
 
     def configs(self) -> list:
-        """The shipped configuration, then every other candidate."""
-        return [self.shipped] + [c for c in self.candidates if c != self.shipped]
+        """The shipped configuration, then every other candidate (once each)."""
+        return list(dict.fromkeys((self.shipped, *self.candidates)))
 
 
 def _token_target(source: str, dtype: str, fmt: str) -> Target:
@@ -81,14 +81,16 @@ def _post_target(vectorized: bool, padded: int) -> Target:
 
 
 def _engram_target(backward: bool) -> Target:
-    """Keyed by the shipped configuration of H; candidates that cover its rows (threads x chunks: a forward
+    """Keyed by the base configuration of H (config_for_hidden's); candidates that cover its rows (threads x chunks: a forward
     candidate of 256 threads x 2 chunks serves the 512-thread group)."""
     from kernels import engram
 
     if backward:
         shipped = engram.bwd_config(ENGRAM_HIDDEN, ENGRAM_HEADS)
-        return Target(engram.GATE_BWD, engram.BWD_OVERRIDES, engram.config_for_hidden(ENGRAM_HIDDEN), shipped,
-                      tuple(c for c in engram.BWD_TUNE_CONFIGS if engram.row_chunks(c) == engram.row_chunks(shipped)),
+        base = engram.config_for_hidden(ENGRAM_HIDDEN)  # a candidate where BWD_SHIPPED names another
+        return Target(engram.GATE_BWD, engram.BWD_OVERRIDES, base, shipped,
+                      (base,) + tuple(c for c in engram.BWD_TUNE_CONFIGS
+                                      if engram.row_chunks(c) == engram.row_chunks(shipped)),
                       ((engram.GRAD_W_REDUCE, engram.ReduceConfig()),))
     shipped = engram.fwd_config(ENGRAM_HIDDEN)
     return Target(engram.GATE_FWD, engram.FWD_OVERRIDES, engram.config_for_hidden(ENGRAM_HIDDEN), shipped,

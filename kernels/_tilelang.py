@@ -118,39 +118,16 @@ __device__ __forceinline__ void tk_store16_stream(void* dst, const void* src) {
 """
 
 
-# TMA bulk stores (sm_90's cp.async.bulk, shared -> global): one thread hands the copy engine a whole
-# staged tile, so the stores cost no load/store-unit instructions and no registers while in flight.
-# A kernel that stages a tile fences its shared-memory writes for the async proxy (BULK_FENCE, every
-# writer, before the barrier), then one thread a destination calls BULK_STORE(dst, src, bytes) (both
-# 16-byte aligned, bytes a multiple of 16) and BULK_WAIT_READ, which returns once the engine has read
-# the tile, so that the shared memory may be reused or released; the writes themselves complete before
-# the grid does.
-BULK_FENCE = "tk_bulk_fence"
-BULK_STORE = "tk_bulk_store"
-BULK_WAIT_READ = "tk_bulk_wait_read"
-BULK_STORE_PRELUDE = r"""
-#ifndef TK_BULK_STORE
-#define TK_BULK_STORE
-__device__ __forceinline__ void tk_bulk_fence() {
-#if defined(__CUDA_ARCH__)
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void tk_bulk_store(void* dst, const void* src, int bytes) {
-#if defined(__CUDA_ARCH__)
-  unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(src));
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-               :: "l"(dst), "r"(s), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void tk_bulk_wait_read() {
-#if defined(__CUDA_ARCH__)
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-#endif
-}
-#endif
-"""
+def chosen_config(base: Hashable, shipped: dict, overrides: dict,
+                  fits: Callable[[Any], bool] = lambda config: True) -> Hashable:
+    """The static configuration a wrapper launches for its `base` one: a tuning run's override
+    (overrides[base]) where it fits the call, else the candidate the kernel ships (shipped[base]), else
+    `base`.  Both tables are keyed by the base configuration, so a tuning run can also put the base
+    kernel back in place of a shipped candidate."""
+    override = overrides.get(base)
+    if override is not None and fits(override):
+        return override
+    return shipped.get(base, base)
 
 
 def lower_to_cuda(func, target: dict[str, str] = SM90) -> str:

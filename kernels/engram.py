@@ -265,15 +265,14 @@ BWD_TUNE_CONFIGS = (
     # grad_x, grad_k, grad_v written once: evict-first from L2
     GateConfig(512, streaming=True),
     GateConfig(512, stages=4, v_once=True, streaming=True),
-    # the 512-thread kernel without v_once, shipped before BWD_SHIPPED named the v_once candidate
-    GateConfig(512),
 )
 # The forward ships a tuning candidate where one was faster with the same bits: config_for_hidden's
 # configuration -> the one the forward uses.  256 threads x 2 chunks, 2 slots, 4 CTAs an SM for rows of
 # 1025 .. 4096 elements: H200 run 19 (T 4096, hc 4, H 4096), 111.5 us against 116.9 us for the 512-thread
 # kernel shipped before (92.7% and 88.4% of that run's copy bandwidth), every output bitwise equal.
 FWD_SHIPPED: dict[GateConfig, GateConfig] = {GateConfig(512): GateConfig(256, chunks=2, stages=2, ctas_per_sm=4)}
-# Likewise the backward: v copied once a token (rows of 1025 .. 4096 elements).  H200 runs 16 and 25 (T 4096,
+# Likewise the backward: v copied once a token (rows of 1025 .. 4096 elements; the base kernel, which copies
+# it every row, stays a candidate in benchmarks/tune.py and the GPU tests).  H200 runs 16 and 25 (T 4096,
 # hc 4, H 4096, graph replay): 223.3 and 217.2 us against 223.7 and 218.2 us copying it every row, bitwise
 # equal; a quarter of the v bytes through L2 and the cp.async queue (the copies of heads 1 .. hc - 1).
 BWD_SHIPPED: dict[GateConfig, GateConfig] = {GateConfig(512): GateConfig(512, v_once=True)}
@@ -915,22 +914,16 @@ def fwd_config(hidden: int) -> GateConfig:
     """The forward's configuration for H: the shipped one (FWD_SHIPPED's, else config_for_hidden's), unless a
     tuning run overrides it (FWD_OVERRIDES, keyed by config_for_hidden's) with one whose threads * chunks
     cover H (otherwise the shipped one); its thread count may differ."""
-    base = config_for_hidden(hidden)
-    override = FWD_OVERRIDES.get(base)
-    if override is None or CHUNK * row_chunks(override) < hidden:
-        return FWD_SHIPPED.get(base, base)
-    return override
+    return _tilelang.chosen_config(config_for_hidden(hidden), FWD_SHIPPED, FWD_OVERRIDES,
+                                   lambda override: CHUNK * row_chunks(override) >= hidden)
 
 
 def bwd_config(hidden: int, heads: int) -> GateConfig:
     """The backward's configuration for (H, hc): the shipped one (BWD_SHIPPED's, else config_for_hidden's),
     unless a tuning run overrides it (BWD_OVERRIDES, keyed by config_for_hidden's) with one whose shared
     memory fits at this hc H (otherwise the shipped one)."""
-    base = config_for_hidden(hidden)
-    override = BWD_OVERRIDES.get(base)
-    if override is None or _bwd_shared_bytes(override, heads * hidden) > MAX_SHARED_PER_CTA:
-        return BWD_SHIPPED.get(base, base)
-    return override
+    return _tilelang.chosen_config(config_for_hidden(hidden), BWD_SHIPPED, BWD_OVERRIDES,
+                                   lambda override: _bwd_shared_bytes(override, heads * hidden) <= MAX_SHARED_PER_CTA)
 
 
 

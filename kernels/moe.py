@@ -96,11 +96,13 @@ Moving bits, as raw integers:
    Tuning candidates of the 16-byte kernel (`EXPAND_TUNE_CONFIGS`, not used unless
    `EXPAND_OVERRIDES` names one; benchmarks/tune.py times them): a tile of threads * units
    units, each thread loading its `units` before storing them; evict-first (st.global.cs)
-   stores to out; TMA bulk stores of the tile staged in shared memory.  Padding logical
-   blocks there take one tile of their 32 rows each.  The bytes stored are the same.  The
-   16-byte kernel ships one of them (EXPAND_SHIPPED): 2 units a thread, tiles of 256 units.
-   (A persistent grid of whole-row CTAs lost by 11% in H200 runs
-   14 and 16, 719.6 and 712.6 us against 653.7 and 643.7 shipped, and is gone.)
+   stores to out.  Padding logical blocks there take one tile of their 32 rows each.  The
+   bytes stored are the same.  The 16-byte kernel ships one of them (EXPAND_SHIPPED): 2 units
+   a thread, tiles of 256 units.  (Gone after losing: a persistent grid of whole-row CTAs, by
+   11% in H200 runs 14 and 16, 719.6 and 712.6 us against 653.7 and 643.7 shipped; TMA bulk
+   stores of a tile staged in shared memory, one cp.async.bulk a slot, four geometries at
+   632-699 us eager and 649-716 us graph in runs 24 and 25 against 630 / 631 for 2 units a
+   thread; the padding blocks launched first, 631-641 / 701-707 us in run 25.)
 3. sf rows: a row-major x_sf is one more call of the row kernel (it is a
    (T, G) matrix like x).  A TMA-aligned column-major x_sf goes through a
    gather kernel that walks out_sf's storage in order (coalesced stores):
@@ -666,12 +668,6 @@ class ExpandConfig(NamedTuple):
     threads: int = EXPAND_THREADS  # threads of a CTA
     units: int = 1  # units a thread loads (all in flight) before it stores them: a tile is threads * units
     streaming: bool = False  # out (rows and padding zeros) stored with st.global.cs (16-byte units only)
-    # 16-byte units only: the tile is staged in shared memory and thread k < K hands slot k's copy of it to
-    # the TMA engine (one cp.async.bulk store of the whole tile); padding rows are stored as without it
-    bulk: bool = False
-    # the padding blocks first in the grid, the token blocks after them (so that the grid's last wave is
-    # of token blocks, all the same work, not of padding blocks, idle or zeroing up to 32 rows)
-    pad_first: bool = False
 
 
 EXPAND_CONFIGS = (
@@ -700,26 +696,13 @@ EXPAND_TUNE_CONFIGS = (
     ExpandConfig("rows", 16, threads=896, streaming=True),
     # half a row a CTA, 2 units a thread in flight
     ExpandConfig("rows", 16, threads=448, units=2),
-    # TMA bulk stores: the tile staged once in shared memory, then K threads each hand one copy of it to the
-    # copy engine.  Run 23's ncu found the shipped kernel latency-bound on its stores (long_scoreboard,
-    # mio_throttle: 8 st.global.v4 a unit through the load/store unit, DRAM at 74% of peak); here a tile's
-    # K copies cost K instructions a CTA, and the engine keeps them in flight without registers.
-    # A whole row a CTA (896 units: 14 KiB staged), over 256 threads x 4 units and 128 x 7:
-    ExpandConfig("rows", 16, threads=256, units=4, bulk=True),
-    ExpandConfig("rows", 16, threads=128, units=7, bulk=True),
-    # 128 and 256 units a CTA (2 and 4 KiB staged; 7 and 4 CTAs a row): more, shorter CTAs an SM
-    ExpandConfig("rows", 16, bulk=True),
-    ExpandConfig("rows", 16, units=2, bulk=True),
-    # the shipped 2 units a thread with each of the other knobs that ever helped (run 23/24: evict-first
-    # stores 633-637 us eager) and with the padding blocks launched first
+    # the shipped 2 units a thread with evict-first stores (runs 23/24: evict-first 633-637 us eager)
     ExpandConfig("rows", 16, units=2, streaming=True),
-    ExpandConfig("rows", 16, units=2, pad_first=True),
-    ExpandConfig("rows", 16, units=2, streaming=True, pad_first=True),
 )
 # The row kernel ships a tuning candidate where one was faster with the same bits: the base configuration
 # of a unit -> the one used.  16-byte units: 2 units a thread (a tile of 256 units, half the CTAs), H200
 # runs 23 and 24 (T 16384, K 8, H 7168 bf16, graph replay): 640.9 and 630.6 us against 654.2 and 643.5 us
-# for one unit a thread, every byte equal; the TMA bulk-store candidates (run 24) were no faster.
+# for one unit a thread, every byte equal.
 EXPAND_SHIPPED: dict[ExpandConfig, ExpandConfig] = {ExpandConfig("rows", 16): ExpandConfig("rows", 16, units=2)}
 # The base configuration -> the configuration to use instead (any of EXPAND_TO_FUSED.configs with
 # the same stage and width), set by a tuning run.
@@ -810,55 +793,37 @@ def _build_expand_rows_tuned(config: ExpandConfig):
     tile p % tiles of the rows [32 (p // tiles), + 32) that no pair reaches.
     """
     T = _tilelang.T()
-    unit, threads, units, streaming, bulk = config.width, config.threads, config.units, config.streaming, config.bulk
-    assert config.stage == "rows" and (unit == 16 or not (streaming or bulk)) and not (streaming and bulk), config
+    unit, threads, units, streaming = config.width, config.threads, config.units, config.streaming
+    assert config.stage == "rows" and (unit == 16 or not streaming), config
     raw = "int32" if unit == 16 else RAW_DTYPES[unit]
     lanes = 4 if unit == 16 else 1
     span = threads * units  # units of a tile
     num_tokens, num_units, num_rows, num_slots = T.dynamic("num_tokens, num_units, num_rows, num_slots")
 
     @T.macro
-    def move(x, token_topk_to_pos, row_src, out, positions, unit_bits, staged, logical, tx, token_blocks, total,
-             tiles):
+    def move(x, token_topk_to_pos, row_src, out, positions, unit_bits, logical, tx, token_blocks, total, tiles):
         """Logical block `logical`: a token block's tile, or a padding block's (block-uniform branches)."""
         if logical < token_blocks:
             token = T.truncdiv(logical, tiles)
             first_unit = T.Cast("int32", T.truncmod(logical, tiles)) * span + tx
-            if bulk:
-                for j in T.unroll(units):
-                    if first_unit + j * threads < num_units:
-                        for v in T.vectorized(lanes):
-                            staged[(j * threads + tx) * lanes + v] = x[token, (first_unit + j * threads) * lanes + v]
-                T.call_extern("handle", _tilelang.BULK_FENCE)
-            else:
-                for j in T.unroll(units):
-                    if first_unit + j * threads < num_units:
-                        for v in T.vectorized(lanes):
-                            unit_bits[j * lanes + v] = x[token, (first_unit + j * threads) * lanes + v]
+            for j in T.unroll(units):
+                if first_unit + j * threads < num_units:
+                    for v in T.vectorized(lanes):
+                        unit_bits[j * lanes + v] = x[token, (first_unit + j * threads) * lanes + v]
             if tx < num_slots:
                 positions[tx] = token_topk_to_pos[token, tx]
             T.sync_threads()
-            if bulk:
-                # thread k stores slot k's copy: the tile's units [first, first + span) cut at the row's end
-                if tx < num_slots:
-                    if positions[tx] >= 0 and positions[tx] < num_rows:
-                        T.call_extern("handle", _tilelang.BULK_STORE,
-                                      T.address_of(out[positions[tx], (first_unit - tx) * lanes]),
-                                      T.address_of(staged[0]),
-                                      T.min(span, num_units - (first_unit - tx)) * 16)
-                        T.call_extern("handle", _tilelang.BULK_WAIT_READ)
-            else:
-                for k in T.serial(num_slots):
-                    if positions[k] >= 0 and positions[k] < num_rows:
-                        for j in T.unroll(units):
-                            if first_unit + j * threads < num_units:
-                                if streaming:
-                                    T.call_extern("handle", _tilelang.STORE16_STREAM,
-                                                  T.address_of(out[positions[k], (first_unit + j * threads) * 4]),
-                                                  T.address_of(unit_bits[j * 4]))
-                                else:
-                                    for v in T.vectorized(lanes):
-                                        out[positions[k], (first_unit + j * threads) * lanes + v] = unit_bits[j * lanes + v]
+            for k in T.serial(num_slots):
+                if positions[k] >= 0 and positions[k] < num_rows:
+                    for j in T.unroll(units):
+                        if first_unit + j * threads < num_units:
+                            if streaming:
+                                T.call_extern("handle", _tilelang.STORE16_STREAM,
+                                              T.address_of(out[positions[k], (first_unit + j * threads) * 4]),
+                                              T.address_of(unit_bits[j * 4]))
+                            else:
+                                for v in T.vectorized(lanes):
+                                    out[positions[k], (first_unit + j * threads) * lanes + v] = unit_bits[j * lanes + v]
         elif logical < total:
             # Padding block: one tile of the rows [first, first + PAD_ROWS) that no pair reaches.
             pad = logical - token_blocks
@@ -893,18 +858,13 @@ def _build_expand_rows_tuned(config: ExpandConfig):
         tiles = T.ceildiv(num_units, span)
         token_blocks = T.Cast("int64", num_tokens) * tiles
         total = token_blocks + T.ceildiv(T.Cast("int64", num_rows), PAD_ROWS) * tiles
-        prelude = _tilelang.STORE16_STREAM_PRELUDE if streaming else _tilelang.BULK_STORE_PRELUDE if bulk else None
-        with T.Kernel(num_blocks, threads=threads, prelude=prelude) as block:
+        with T.Kernel(num_blocks, threads=threads,
+                      prelude=_tilelang.STORE16_STREAM_PRELUDE if streaming else None) as block:
             tx = T.get_thread_binding()
             positions = T.alloc_shared((MAX_K,), "int32")
             unit_bits = T.alloc_local((units * lanes,), raw)
-            staged = T.alloc_shared((span * lanes,), raw) if bulk else None
-            launched = block_offset + block
-            if config.pad_first:  # blocks [0, pad_blocks) pad, the rest are the token blocks in order
-                launched = T.alloc_var("int64", init=T.if_then_else(
-                    launched < total - token_blocks, launched + token_blocks, launched - (total - token_blocks)))
-            move(x, token_topk_to_pos, row_src, out, positions, unit_bits, staged, launched, tx,
-                 token_blocks, total, tiles)
+            move(x, token_topk_to_pos, row_src, out, positions, unit_bits, block_offset + block, tx, token_blocks,
+                 total, tiles)
 
     return expand_rows
 
@@ -996,8 +956,7 @@ def _expand_rows(src: torch.Tensor, token_topk_to_pos: torch.Tensor, row_src: to
 def expand_rows_config(unit: int) -> ExpandConfig:
     """The row kernel's configuration for `unit`: the shipped one (EXPAND_SHIPPED's, else the base kernel),
     unless a tuning run overrides it (EXPAND_OVERRIDES, keyed by the base configuration)."""
-    base = ExpandConfig("rows", unit)
-    return EXPAND_OVERRIDES.get(base, EXPAND_SHIPPED.get(base, base))
+    return _tilelang.chosen_config(ExpandConfig("rows", unit), EXPAND_SHIPPED, EXPAND_OVERRIDES)
 
 
 def _expand_sf_columns(x_sf: torch.Tensor, row_src: torch.Tensor, num_rows: int, target) -> torch.Tensor:

@@ -499,8 +499,8 @@ def _choose_config(x: torch.Tensor, out: torch.Tensor, width: int) -> TransposeC
     vec = VECTOR_BYTES // width
     _, rows, cols = x.shape
     vectorized = rows % vec == 0 and cols % vec == 0 and _is_aligned(x) and _is_aligned(out)
-    base = TransposeConfig(RAW_DTYPES[width], vectorized)
-    return TRANSPOSE_OVERRIDES.get(base, TRANSPOSE_SHIPPED.get(base, base))
+    return _tilelang.chosen_config(TransposeConfig(RAW_DTYPES[width], vectorized), TRANSPOSE_SHIPPED,
+                                   TRANSPOSE_OVERRIDES)
 
 
 def _batches_per_launch(config: TransposeConfig, rows: int, cols: int) -> int:

@@ -129,16 +129,16 @@ def test_tuning_candidates_give_the_shipped_bits(engram, monkeypatch, shape):
     want = engram.engram_gate_fwd(**i)
     grad = _grad_out(i["x"], 5)
     want_grads = engram.engram_gate_bwd(grad, i["x"], i["k"], i["v"], i["w"], *want[1:])
-    shipped = engram.config_for_hidden(shape[2])
+    base = engram.config_for_hidden(shape[2])  # the override key; a candidate where another ships
     for config in engram.FWD_TUNE_CONFIGS:
         with monkeypatch.context() as patch:
-            patch.setitem(engram.FWD_OVERRIDES, shipped, config)
+            patch.setitem(engram.FWD_OVERRIDES, base, config)
             got = engram.engram_gate_fwd(**i)
         for name, a, b in zip(("out", "d", "g", "rx", "rk"), want, got):
             assert_same_bits(a, b, f"{config} {name}")
-    for config in engram.BWD_TUNE_CONFIGS:
+    for config in (base,) + engram.BWD_TUNE_CONFIGS:
         with monkeypatch.context() as patch:
-            patch.setitem(engram.BWD_OVERRIDES, shipped, config)
+            patch.setitem(engram.BWD_OVERRIDES, base, config)
             assert engram.bwd_config(shape[2], shape[1]) == config  # the shared memory fits at these hc H
             got = engram.engram_gate_bwd(grad, i["x"], i["k"], i["v"], i["w"], *want[1:])
         for name, a, b in zip(("grad_x", "grad_k", "grad_v", "grad_w"), want_grads, got):

@@ -55,6 +55,21 @@ def test_vectorized_transposes_use_16_byte_accesses(tilelang):
         assert loads_and_stores >= 4, f"{config}: expected 16-byte vector accesses in\n{source}"
 
 
+def test_transpose_candidates_move_blocks_with_16_byte_stores(tilelang):
+    """The tuning candidates store through tk_transpose_block's spelled-out st.global.v4 (nvcc splits
+    plain 16-byte stores of those registers); the base kernels do not use it."""
+    from kernels import transpose
+
+    for config in transpose.TRANSPOSE_TUNE_CONFIGS:
+        _, source = cuda_source(transpose.BATCHED_TRANSPOSE, config)
+        width = transpose.WIDTH_OF[config.dtype]
+        assert f"{transpose.TRANSPOSE_BLOCK}<{width}, {config.read_bytes}>(" in source, config
+        assert "st.global.v4.u32" in source, config
+    for config in transpose.STATIC_CONFIGS:
+        _, source = cuda_source(transpose.BATCHED_TRANSPOSE, config)
+        assert transpose.TRANSPOSE_BLOCK not in source, config
+
+
 def test_registry_lists_each_kernel_once():
     names = [kernel.name for kernel in _tilelang.kernel_defs().values()]
     assert sorted(names) == sorted(set(names)) == sorted(_tilelang.kernel_defs())
