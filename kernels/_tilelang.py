@@ -8,7 +8,8 @@
   cache (``TILELANG_CACHE_DIR``) under a key that includes the target dict, so
   the run-time target must be the same dict for the cache to be hit.
 - `compiled_kernel`: an in-process cache of compiled kernels per
-  (kernel, static config, arch).
+  (kernel, static config, arch); across processes (xdist workers) a lock file
+  per configuration lets one of them compile it and the others load it.
 - `lower_to_cuda`: CUDA source for one configuration, without a GPU.
 - Argument checks that raise TypeError / ValueError naming the argument.
 """
@@ -20,6 +21,7 @@ import dataclasses
 import functools
 import importlib
 import operator
+import os
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -151,7 +153,34 @@ def _compile(kernel: KernelDef, config: Hashable, arch: str):
     # The target dict must be built identically everywhere (precompile and
     # run time): it is part of tilelang's disk-cache key.
     target = {"kind": "cuda", "arch": arch}
-    return tl().compile(kernel.build(config), target=target)
+    func = kernel.build(config)
+    with _compile_lock(kernel.name, config, arch):
+        return tl().compile(func, target=target)
+
+
+@contextlib.contextmanager
+def _compile_lock(name: str, config: Hashable, arch: str):
+    """Hold a lock file per (kernel, config, arch) in tilelang's cache directory.
+
+    pytest-xdist workers of a cold run need the same configurations at about the
+    same time; tilelang's disk cache is safe under concurrent writers but lets each
+    of them compile (seconds of nvcc apiece).  Under this lock the first worker
+    compiles and the others wait, then load its entry from the disk cache.
+    """
+    import fcntl
+    import hashlib
+
+    from tilelang import env
+
+    folder = os.path.join(env.TILELANG_CACHE_DIR, "tkverify-compile-locks")
+    os.makedirs(folder, exist_ok=True)
+    digest = hashlib.sha1(repr((name, config, arch)).encode()).hexdigest()[:20]
+    with open(os.path.join(folder, f"{name}-{digest}.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def compiled_kernel(kernel: KernelDef, config: Hashable, target: dict[str, str]):

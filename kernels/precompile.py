@@ -1,6 +1,7 @@
 """Compile (or only lower) every static configuration of every TileLang kernel.
 
     python -m kernels.precompile               # compile for sm_90 into tilelang's cache
+    python -m kernels.precompile --jobs 8      # the same, 8 configurations at a time
     python -m kernels.precompile --lower-only  # lower to CUDA source only (fast, no nvcc)
 
 Compiling needs nvcc but no GPU.  Kernels are compiled for the explicit
@@ -9,12 +10,20 @@ wrappers use at run time (`_tilelang.compiled_kernel`), so an H200 run with the
 same ``TILELANG_CACHE_DIR`` loads them from the cache instead of compiling.
 Set ``TILELANG_CACHE_DIR`` (e.g. to .cache/tilelang in the repo) to choose
 where the cache lands; tilelang's default is ~/.tilelang/cache.
+
+Each configuration compiles under `_tilelang`'s per-configuration lock, so this
+can run beside a test session that needs the same kernels (the pytest plugin's
+``--tk-precompile``): whichever process comes first compiles, the other loads.
 """
 
 import argparse
+import concurrent.futures
+import multiprocessing
 import os
 import sys
 import time
+
+import torch
 
 from . import _tilelang
 
@@ -35,30 +44,51 @@ def _lower(kernel, config) -> str:
     return f"{len(source)} chars of CUDA"
 
 
-def _compile(kernel, config) -> str:
-    compiled = _tilelang.compiled_kernel(kernel, config, _tilelang.SM90)
+def _compile(kernel, config, arch: str = "sm_90") -> str:
+    compiled = _tilelang.compiled_kernel(kernel, config, {"kind": "cuda", "arch": arch})
     return f"cache {getattr(compiled, '_tilelang_cache_path', None) or '(none)'}"
+
+
+def _run_one(action_name: str, name: str, index: int, arch: str) -> tuple[str, float]:
+    """One configuration, by kernel name and index (what a worker process can be sent)."""
+    kernel = _tilelang.kernel_defs()[name]
+    start = time.perf_counter()
+    config = kernel.configs[index]
+    detail = _lower(kernel, config) if action_name == "lower" else _compile(kernel, config, arch)
+    return detail, time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.precompile", description=__doc__.splitlines()[0])
     parser.add_argument("--lower-only", action="store_true", help="lower to CUDA source for sm_90 without compiling")
     parser.add_argument("--kernel", help="only kernels whose name contains this string")
+    parser.add_argument("--jobs", type=int, default=1, help="configurations compiled at a time (processes)")
+    parser.add_argument("--arch", default="sm_90",
+                        help="the CUDA arch to compile for, or 'device' for this machine's first GPU")
     args = parser.parse_args(argv)
+    arch = _tilelang.target_for(torch.device("cuda", 0))["arch"] if args.arch == "device" else args.arch
 
-    action = _lower if args.lower_only else _compile
+    action = "lower" if args.lower_only else "compile"
     verb = "lowered" if args.lower_only else "compiled"
     if not args.lower_only:
-        print(f"TILELANG_CACHE_DIR={os.environ.get('TILELANG_CACHE_DIR', '(unset: ~/.tilelang/cache)')}", flush=True)
+        print(f"TILELANG_CACHE_DIR={os.environ.get('TILELANG_CACHE_DIR', '(unset: ~/.tilelang/cache)')}, "
+              f"arch {arch}", flush=True)
+    work = [(name, kernel.configs.index(config), config) for name, kernel, config in _configurations(args.kernel)]
     total = time.perf_counter()
-    count = 0
-    for name, kernel, config in _configurations(args.kernel):
-        start = time.perf_counter()
-        detail = action(kernel, config)
-        print(f"{verb} {name} {config} in {time.perf_counter() - start:.2f} s: {detail}", flush=True)
-        count += 1
-    print(f"{verb} {count} configurations in {time.perf_counter() - total:.2f} s", flush=True)
-    return 0 if count else 1
+    if args.jobs <= 1:
+        done = ((name, config, _run_one(action, name, index, arch)) for name, index, config in work)
+        for name, config, (detail, seconds) in done:
+            print(f"{verb} {name} {config} in {seconds:.2f} s: {detail}", flush=True)
+    else:  # spawned, not forked: each worker imports tilelang afresh rather than inheriting a half-used one
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+            futures = {pool.submit(_run_one, action, name, index, arch): (name, config) for name, index, config in work}
+            for future in concurrent.futures.as_completed(futures):
+                name, config = futures[future]
+                detail, seconds = future.result()
+                print(f"{verb} {name} {config} in {seconds:.2f} s: {detail}", flush=True)
+    print(f"{verb} {len(work)} configurations in {time.perf_counter() - total:.2f} s", flush=True)
+    return 0 if work else 1
 
 
 if __name__ == "__main__":

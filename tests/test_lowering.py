@@ -73,3 +73,37 @@ def test_transpose_candidates_move_blocks_with_16_byte_stores(tilelang):
 def test_registry_lists_each_kernel_once():
     names = [kernel.name for kernel in _tilelang.kernel_defs().values()]
     assert sorted(names) == sorted(set(names)) == sorted(_tilelang.kernel_defs())
+
+
+WAIT_FOR_LOCK = """
+import sys, time
+import tilelang.env
+from kernels import _tilelang
+print("ready", flush=True)
+start = time.perf_counter()
+with _tilelang._compile_lock(sys.argv[1], sys.argv[2], "sm_90"):
+    print(f"{time.perf_counter() - start:.3f}")
+"""
+
+
+@pytest.mark.parametrize("other_config, waits", [("same", True), ("other", False)])
+def test_a_configuration_compiles_in_one_process_while_others_wait(tilelang, tmp_path, monkeypatch, other_config,
+                                                                   waits):
+    """xdist workers of a cold run: the second to need a configuration waits for the first's
+    compile (then loads it from the disk cache); another configuration does not wait."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tilelang.env, "TILELANG_CACHE_DIR", str(tmp_path))
+    root = Path(__file__).resolve().parent.parent
+    with _tilelang._compile_lock("toy.kernel", "same", "sm_90"):
+        waiter = subprocess.Popen([sys.executable, "-c", WAIT_FOR_LOCK, "toy.kernel", other_config], cwd=root,
+                                  stdout=subprocess.PIPE, text=True)
+        assert waiter.stdout.readline().strip() == "ready"
+        time.sleep(1.5)
+    waited = float(waiter.communicate(timeout=60)[0])
+    assert waiter.returncode == 0
+    assert (waited > 0.5) == waits, f"the other process waited {waited:.3f} s for the lock"

@@ -114,3 +114,17 @@ def test_a_derandomised_draw_does_not_depend_on_what_the_process_imported(tmp_pa
     monkeypatch.delitem(sys.modules, "tkverify_pool_probe", raising=False)
     importlib.import_module("tkverify_pool_probe")
     assert _derandomised_integers() == before
+
+
+def test_background_compiles_only_under_xdist_where_tilelang_runs():
+    from tkverify.plugin import precompile_jobs
+
+    assert precompile_jobs("auto", workers=8, cpus=16, tilelang_runs=True) == 8
+    assert precompile_jobs("auto", workers=8, cpus=8, tilelang_runs=True) == 1
+    assert precompile_jobs("auto", workers=0, cpus=16, tilelang_runs=True) == 0  # one process: as it goes
+    assert precompile_jobs("auto", workers=8, cpus=16, tilelang_runs=False) == 0
+    assert precompile_jobs("4", workers=0, cpus=16, tilelang_runs=True) == 4
+    assert precompile_jobs("4", workers=8, cpus=16, tilelang_runs=False) == 0
+    assert precompile_jobs("0", workers=8, cpus=16, tilelang_runs=True) == 0
+    with pytest.raises(pytest.UsageError):
+        precompile_jobs("-1", workers=8, cpus=16, tilelang_runs=True)

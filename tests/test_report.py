@@ -81,6 +81,34 @@ def test_speed_shards_sum_and_the_first_call_is_kept_apart(tmp_path):
     assert "| fam.op | torch | 5 | 20.00 | 0.2 |" in text
 
 
+def test_refused_examples_count_as_their_own_phase_and_backward_refusals_stay_out(tmp_path):
+    from tkverify.report import merge_speed_shards, speed_markdown
+
+    c = Collector()
+    c.add_timings("fam.op", "lib", {"transfer": 0.0, "impl": 1.0, "oracle": 0.0, "judge": 0.0})
+    c.add_unsupported("fam.op", "lib", "no odd sizes", 6.0)  # e.g. a JIT compile before the refusal
+    c.add_unsupported("fam.op (backward)", "lib", "no backward here", 2.0)
+    c.add_wall("fam.op", "lib", 8.0)
+    c.write_shard(tmp_path / "gw0.json")
+    rows = {r["op"]: r for r in merge_speed_shards(tmp_path.glob("*.json"))}
+    assert rows["fam.op"]["refused_s"] == pytest.approx(6.0)
+    text = "\n".join(speed_markdown(list(rows.values())))
+    assert "| fam.op | lib | 1 | 8.00 | 0.1 | 1.00 | 0% | 12% | 0% | 0% | 75% | 12% |" in text
+    assert "backward" not in text
+
+
+def test_speed_shards_from_before_the_refused_phase_still_merge(tmp_path):
+    import json
+
+    from tkverify.report import merge_speed_shards
+
+    old = {"op": "fam.op", "impl": "lib", "examples": 2, "wall_s": 3.0, "first_impl_s": 1.0,
+           "transfer_s": 0.0, "impl_s": 1.5, "oracle_s": 0.1, "judge_s": 0.1}
+    (tmp_path / "gw0.json").write_text(json.dumps({"speed": [old]}))
+    (row,) = merge_speed_shards(tmp_path.glob("*.json"))
+    assert row["refused_s"] == 0 and row["impl_s"] == 1.5
+
+
 def test_shard_summary_checks_that_the_merge_is_the_union(tmp_path):
     from tkverify.report import shard_summary
 

@@ -152,19 +152,20 @@ class UnsupportedTally:
     with some refused ones warns, so that coverage is never overstated.
     """
 
-    def __init__(self, op: str, impl: str, record: Callable[[str, str, str], None] | None = None):
+    def __init__(self, op: str, impl: str, record: Callable[[str, str, str, float], None] | None = None):
         self.op, self.impl, self.record = op, impl, record
         self.examples = 0
         self.reasons: collections.Counter[str] = collections.Counter()
 
     def run(self, body: Callable[[], object]) -> None:
         self.examples += 1
+        start = time.perf_counter()
         try:
             body()
         except Unsupported as e:
             self.reasons[e.reason] += 1
-            if self.record is not None:
-                self.record(self.op, self.impl, e.reason)
+            if self.record is not None:  # with the seconds it took to refuse (a JIT compile, at times)
+                self.record(self.op, self.impl, e.reason, time.perf_counter() - start)
 
     def summary(self) -> str:
         n = sum(self.reasons.values())

@@ -688,7 +688,7 @@ def check_gradients(spec: OpSpec, impl_name: str, case: Case, seed: int, *, case
 
 def verify(spec: OpSpec, impl_name: str, *, case_dir: Path | None = None,
            record: Callable[[GradientCheck, str], None] | None = None, precision: str = "auto",
-           record_unsupported: Callable[[str, str, str], None] | None = None) -> None:
+           record_unsupported: Callable[[str, str, str, float], None] | None = None) -> None:
     """Let hypothesis hunt for a case (and cotangent seed) where a gradient check fails.
 
     Cases the implementation refuses (`Unsupported`) are counted as in `tkverify.suite.verify`."""

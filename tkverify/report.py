@@ -106,10 +106,12 @@ class Collector:
             self.rows[key] = new_row(*key, c.policy)
         fold(self.rows[key], one)
 
-    def add_unsupported(self, op: str, impl: str, reason: str) -> None:
-        """A case the implementation refused (`tkverify.registry.Unsupported`), with its reason."""
+    def add_unsupported(self, op: str, impl: str, reason: str, seconds: float = 0.0) -> None:
+        """A case the implementation refused (`tkverify.registry.Unsupported`), with its reason
+        and the seconds spent before the refusal (the fuzzing-speed table's "refused")."""
         reasons = self.unsupported.setdefault((op, impl), {})
         reasons[reason] = reasons.get(reason, 0) + 1
+        self._speed_row(op, impl)["refused_s"] += seconds
 
     def add_gradient(self, check: Any, case_desc: str = "") -> None:
         """One `tkverify.gradients.GradientCheck` verdict."""
@@ -198,7 +200,8 @@ def report_from_shards(report_dir: Path, meta_: dict[str, Any]) -> dict[str, Pat
 
 # ---------------------------------------------------------------- fuzzing speed
 
-SPEED_PHASES = ("transfer", "impl", "oracle", "judge")
+# "refused": examples the implementation refused (`Unsupported`), whole; the others are phases of judged ones.
+SPEED_PHASES = ("transfer", "impl", "oracle", "judge", "refused")
 
 
 def new_speed_row(op: str, impl: str) -> dict[str, Any]:
@@ -210,7 +213,7 @@ def new_speed_row(op: str, impl: str) -> dict[str, Any]:
 
 def fold_speed(row: dict[str, Any], other: dict[str, Any]) -> None:
     for k in ("examples", "wall_s", "first_impl_s", *(f"{p}_s" for p in SPEED_PHASES)):
-        row[k] += other[k]
+        row[k] += other.get(k, 0)  # shards written before a phase existed lack it
 
 
 def merge_speed_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -218,7 +221,7 @@ def merge_speed_shards(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 SPEED_HEADER = ["op", "impl", "examples", "wall s", "examples/s", "first call s", "transfer", "impl", "oracle",
-                "judge", "draw, shrink, other"]
+                "judge", "refused", "draw, shrink, other"]
 
 
 def _speed_cells(r: dict[str, Any]) -> list[str]:
@@ -234,6 +237,7 @@ def _speed_cells(r: dict[str, Any]) -> list[str]:
 
 
 def speed_markdown(speed: list[dict[str, Any]]) -> list[str]:
+    speed = [r for r in speed if r["wall_s"] > 0]  # the differential suite's runs (a backward's refusals are not)
     if not speed:
         return []
     total_wall = sum(r["wall_s"] for r in speed)

@@ -20,7 +20,7 @@ def verify(spec: registry.OpSpec, impl: registry.Impl, *, case_dir=None, record=
     """Let hypothesis hunt for a case where `impl` and the oracle disagree; raise on the shrunk one.
 
     Cases `impl` refuses with `registry.Unsupported` are counted (and passed to
-    ``record_unsupported(op, impl, reason)``), never judged; if it refuses all, the test is skipped.
+    ``record_unsupported(op, impl, reason, seconds)``), never judged; if it refuses all, the test is skipped.
     """
     tally = UnsupportedTally(spec.name, impl.name, record_unsupported)
 
