@@ -58,6 +58,7 @@ def test_refused_cases_are_counted_not_judged(toy, tmp_path):
                record_unsupported=collector.add_unsupported)
     refused = collector.unsupported[(OP, "picky")]
     assert list(refused) == ["toylib 0.1 negates even lengths only"] and refused["toylib 0.1 negates even lengths only"] > 0
+    assert collector.speed[(OP, "picky")]["refused_s"] > 0  # the fuzzing-speed table's own phase
     # The cases that ran were judged (and passed); none of the refused ones left a case file.
     row = collector.rows[(OP, "y", "fp32", "picky")]
     assert row["cases"] > 0 and row["verdict"] == "pass"
@@ -154,6 +155,8 @@ def test_a_known_failure_is_counted_under_its_finding_and_a_new_one_still_fails(
     verify(toy, impl, case_dir=tmp_path, record=collector.record, record_unsupported=collector.add_unsupported)
     reasons = collector.unsupported[(OP, "toylib")]
     assert list(reasons) == ["known discrepancy T1 (toy findings): no negation from length 5"]
+    # An excused example was judged: its seconds are in the judged phases, not a second time as refused.
+    assert collector.speed[(OP, "toylib")]["refused_s"] == 0 and collector.speed[(OP, "toylib")]["impl_s"] > 0
     # The row keeps the failing elements; no case file is left for an excused failure.
     assert collector.rows[(OP, "y", "fp32", "toylib")]["verdict"] == "fail"
     assert not list(tmp_path.iterdir())

@@ -173,11 +173,13 @@ def _stop_precompile(config: pytest.Config) -> str | None:
     if not finished:
         os.killpg(process.pid, 15)  # its pool's workers too
         process.wait()
-    compiled = sum(line.startswith("compiled ") and " in " in line and ": " in line
-                   for line in log_path.read_text(errors="replace").splitlines())
-    how = (f"finished, exit status {process.returncode}" if finished else "stopped when the tests ended")
-    return (f"tkverify precompile: {compiled} configurations in {jobs} processes, "
-            f"{time.monotonic() - started:.0f} s, {how} (log: {log_path})")
+    lines = log_path.read_text(errors="replace").splitlines()
+    compiled = sum(line.startswith("compiled ") and ": " in line for line in lines)
+    total = next((line for line in reversed(lines) if re.fullmatch(r"compiled \d+ configurations in .* s", line)), None)
+    how = (f"finished: {total}" if finished and process.returncode == 0 and total else
+           f"exit status {process.returncode}" if finished else
+           f"stopped when the tests ended, {time.monotonic() - started:.0f} s after it started")
+    return f"tkverify precompile ({jobs} processes): {compiled} configurations done, {how} (log: {log_path})"
 
 
 def selected_impls(spec: registry.OpSpec, choice: str) -> list[tuple[str, str | None]]:
