@@ -19,10 +19,17 @@
 //               fanout8), "experts" the layout expand_to_fused writes (8 distinct experts of 256 a row at
 //               random, rows in (row, slot) order inside each expert's segment, no padding), "shuffled" a
 //               random permutation of the 8 R rows.  Does scattering the rows cost, or the row kernel?
+//   gather8-*   the "experts" layout written the other way round: a CTA per destination row, which reads its
+//               source row (7 units a thread, loads before stores), CTAs in the order named: "dst" position
+//               order (one sequential write stream; each source row read 8 times, far apart), "src" the
+//               rows8 order (row by row), "chunkC" chunk-major (C source rows at a time, their destination
+//               rows in position order: within a chunk, one run of rows an expert, and a source row's 8
+//               reads close together, from L2 once its chunk is in it).  Can the write order beat rows8?
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
@@ -101,6 +108,46 @@ __global__ void rows8(const uint4* __restrict__ s, uint4* __restrict__ d, const 
   uint4 v = s[row * units + u];
 #pragma unroll
   for (int j = 0; j < 8; ++j) d[(size_t)dst[row * 8 + j] * units + u] = v;
+}
+
+// CTA i copies source row src[i] to destination row dst[i], `units` 16-byte units, loads before stores.
+template <int PER_THREAD>
+__global__ void gather8(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst,
+                        const int* __restrict__ src, int units) {
+  const uint4* from = s + (size_t)src[blockIdx.x] * units;
+  uint4* to = d + (size_t)dst[blockIdx.x] * units;
+  uint4 v[PER_THREAD];
+#pragma unroll
+  for (int k = 0; k < PER_THREAD; ++k) {
+    int u = k * blockDim.x + threadIdx.x;
+    if (u < units) v[k] = from[u];
+  }
+#pragma unroll
+  for (int k = 0; k < PER_THREAD; ++k) {
+    int u = k * blockDim.x + threadIdx.x;
+    if (u < units) to[u] = v[k];
+  }
+}
+
+// (destination, source) rows of the 8 R copies in gather8's launch order `order` (see the header),
+// from a rows8 table: position p = table[8 r + j] holds source row r.
+static void gather8_order(const std::vector<int>& table, const char* order, std::vector<int>& dst,
+                          std::vector<int>& src) {
+  size_t n = table.size();
+  std::vector<size_t> pairs(n);  // indices 8 r + j
+  for (size_t i = 0; i < n; ++i) pairs[i] = i;
+  if (order[0] == 'd') {
+    std::sort(pairs.begin(), pairs.end(), [&](size_t a, size_t b) { return table[a] < table[b]; });
+  } else if (order[0] == 'c') {
+    size_t chunk = (size_t)std::atoi(order + 5);
+    std::sort(pairs.begin(), pairs.end(), [&](size_t a, size_t b) {
+      size_t ca = a / 8 / chunk, cb = b / 8 / chunk;
+      return ca != cb ? ca < cb : table[a] < table[b];
+    });
+  }
+  dst.resize(n);
+  src.resize(n);
+  for (size_t i = 0; i < n; ++i) { dst[i] = table[pairs[i]]; src[i] = (int)(pairs[i] / 8); }
 }
 
 // The destination rows of rows8's three layouts (see the header), R source rows.
@@ -225,6 +272,32 @@ int main(int argc, char** argv) {
       line(what, grid, tile, 9.0 * rows * row_units * 16,
            median_us([&] { rows8<<<grid, tile>>>((const uint4*)a, (uint4*)b, dst, row_units); }));
     }
+    // gather8 over the experts layout, in several launch orders
+    std::vector<int> table = rows8_table("experts", rows), gdst, gsrc;
+    int *d_dst, *d_src;
+    CHECK(cudaMalloc(&d_dst, table.size() * sizeof(int)));
+    CHECK(cudaMalloc(&d_src, table.size() * sizeof(int)));
+    for (const char* order : {"dst", "src", "chunk256", "chunk512", "chunk1024", "chunk2048", "chunk4096"}) {
+      gather8_order(table, order, gdst, gsrc);
+      CHECK(cudaMemcpy(d_dst, gdst.data(), gdst.size() * sizeof(int), cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(d_src, gsrc.data(), gsrc.size() * sizeof(int), cudaMemcpyHostToDevice));
+      char what[32];
+      std::snprintf(what, sizeof what, "gather8-%s", order);
+      int grid = (int)table.size();
+      line(what, grid, 128, 9.0 * rows * row_units * 16,
+           median_us([&] { gather8<7><<<grid, 128>>>((const uint4*)a, (uint4*)b, d_dst, d_src, row_units); }));
+    }
+    // the last order, checked: every destination row holds its source row
+    std::vector<uint4> got(row_units), want(row_units);
+    size_t wrong = 0;
+    for (size_t i = 0; i < gdst.size(); i += 4099) {
+      CHECK(cudaMemcpy(got.data(), (uint4*)b + (size_t)gdst[i] * row_units, row_units * 16, cudaMemcpyDeviceToHost));
+      CHECK(cudaMemcpy(want.data(), (uint4*)a + (size_t)gsrc[i] * row_units, row_units * 16, cudaMemcpyDeviceToHost));
+      wrong += std::memcmp(got.data(), want.data(), row_units * 16) != 0;
+    }
+    std::printf("# gather8 check: %zu wrong rows of %zu sampled\n", wrong, (gdst.size() + 4098) / 4099);
+    CHECK(cudaFree(d_dst));
+    CHECK(cudaFree(d_src));
     CHECK(cudaFree(dst));
   }
   // The same checked: the bulk stores wrote zeros everywhere.
