@@ -104,6 +104,6 @@ def test_a_configuration_compiles_in_one_process_while_others_wait(tilelang, tmp
                                   stdout=subprocess.PIPE, text=True)
         assert waiter.stdout.readline().strip() == "ready"
         time.sleep(1.5)
-    waited = float(waiter.communicate(timeout=60)[0])
-    assert waiter.returncode == 0
+    waited = float(waiter.stdout.read())  # not communicate(timeout=...): it reads past readline's buffer
+    assert waiter.wait(timeout=60) == 0
     assert (waited > 0.5) == waits, f"the other process waited {waited:.3f} s for the lock"

@@ -1,0 +1,47 @@
+"""Fuzzing speed of several runs side by side: examples per second per (op, impl), from each run's report.json.
+
+    python3 scripts/speed_table.py LABEL=reports/RUN/report.json ...
+
+A column per run: judged examples over the wall time of that (op, impl)'s hypothesis run (summed over
+workers); a last line with every row's totals and each run's split of the time (tkverify.report's phases).
+"""
+
+import json
+import sys
+
+from tkverify.report import SPEED_PHASES
+
+
+def load(path: str) -> dict[tuple[str, str], dict]:
+    return {(r["op"], r["impl"]): r for r in json.load(open(path)).get("speed", []) if r["wall_s"] > 0}
+
+
+def rate(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    return f"{row['examples'] / row['wall_s']:.1f} ({row['examples']} in {row['wall_s']:.1f} s)"
+
+
+def split(rows: dict) -> str:
+    wall = sum(r["wall_s"] for r in rows.values())
+    shares = {p: sum(r.get(f"{p}_s", 0.0) for r in rows.values()) / wall for p in SPEED_PHASES}
+    shares["other"] = max(0.0, 1 - sum(shares.values()))
+    return ", ".join(f"{p} {100 * v:.0f}%" for p, v in shares.items() if v >= 0.005)
+
+
+def main(args: list[str]) -> None:
+    runs = [(label, load(path)) for label, path in (a.split("=", 1) for a in args)]
+    keys = sorted({k for _, rows in runs for k in rows})
+    print("| op | impl | " + " | ".join(label for label, _ in runs) + " |")
+    print("|---|---|" + "---|" * len(runs))
+    for op, impl in keys:
+        print(f"| {op} | {impl} | " + " | ".join(rate(rows.get((op, impl))) for _, rows in runs) + " |")
+    totals = []
+    for _, rows in runs:
+        examples, wall = sum(r["examples"] for r in rows.values()), sum(r["wall_s"] for r in rows.values())
+        totals.append(f"**{examples / wall:.1f}** ({examples} in {wall:.1f} s; {split(rows)})")
+    print("| **all** | | " + " | ".join(totals) + " |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
