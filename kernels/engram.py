@@ -150,7 +150,7 @@ from typing import NamedTuple
 import torch
 
 from . import _tilelang
-from ._tilelang import KernelDef
+from ._tilelang import KernelDef, tuning_only
 from .torch import engram as eager
 
 WARP = 32
@@ -575,7 +575,8 @@ def build_gate_fwd(config: GateConfig):
 
 
 GATE_FWD = KernelDef("engram.gate_fwd", build_gate_fwd,
-                     GATE_CONFIGS + tuple(c for c in FWD_TUNE_CONFIGS if c not in GATE_CONFIGS))
+                     GATE_CONFIGS + tuple(c for c in FWD_TUNE_CONFIGS if c not in GATE_CONFIGS),
+                     candidates=tuning_only(tuple(c for c in FWD_TUNE_CONFIGS if c not in GATE_CONFIGS), FWD_SHIPPED))
 
 
 # ------------------------------------------------------------------ backward
@@ -802,7 +803,8 @@ def build_gate_bwd(config: GateConfig):
     return engram_gate_bwd
 
 
-GATE_BWD = KernelDef("engram.gate_bwd", build_gate_bwd, GATE_CONFIGS + BWD_TUNE_CONFIGS)
+GATE_BWD = KernelDef("engram.gate_bwd", build_gate_bwd, GATE_CONFIGS + BWD_TUNE_CONFIGS,
+                     candidates=tuning_only(BWD_TUNE_CONFIGS, BWD_SHIPPED))
 
 
 # ------------------------------------------------------------------ grad_w reduction

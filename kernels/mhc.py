@@ -634,7 +634,7 @@ def build_post(config: PostConfig):
     return post_mix
 
 
-POST = KernelDef("mhc.post", build_post, POST_CONFIGS + POST_TUNE_CONFIGS)
+POST = KernelDef("mhc.post", build_post, POST_CONFIGS + POST_TUNE_CONFIGS, candidates=POST_TUNE_CONFIGS)
 
 
 # ------------------------------------------------------------------- wrappers

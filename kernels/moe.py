@@ -149,7 +149,7 @@ from typing import NamedTuple
 import torch
 
 from . import _tilelang
-from ._tilelang import KernelDef
+from ._tilelang import KernelDef, tuning_only
 
 MAX_EXPERTS = 1024
 MAX_K = 32
@@ -913,7 +913,8 @@ def build_expand(config: ExpandConfig):
     return _build_expand_sf_columns(config.width)
 
 
-EXPAND_TO_FUSED = KernelDef("moe.expand_to_fused", build_expand, EXPAND_CONFIGS + EXPAND_TUNE_CONFIGS)
+EXPAND_TO_FUSED = KernelDef("moe.expand_to_fused", build_expand, EXPAND_CONFIGS + EXPAND_TUNE_CONFIGS,
+                            candidates=tuning_only(EXPAND_TUNE_CONFIGS, EXPAND_SHIPPED))
 
 
 def _check_expand_args(x, token_topk_to_pos, num_expanded_rows, x_sf) -> int:

@@ -1026,7 +1026,8 @@ def build_token_cast(config: TokenConfig):
     return token_cast_x
 
 
-TOKEN_CAST = KernelDef("quant.token_cast", build_token_cast, TOKEN_CONFIGS + TOKEN_TUNE_CONFIGS)
+TOKEN_CAST = KernelDef("quant.token_cast", build_token_cast, TOKEN_CONFIGS + TOKEN_TUNE_CONFIGS,
+                       candidates=TOKEN_TUNE_CONFIGS)
 
 
 # (source, dtype, fmt, precomputed) -> the configuration to use instead of the default: set by
@@ -1341,7 +1342,8 @@ def build_block_cast(config: BlockConfig):
     return block_cast
 
 
-BLOCK_CAST = KernelDef("quant.block_cast", build_block_cast, BLOCK_CONFIGS + BLOCK_TUNE_CONFIGS)
+BLOCK_CAST = KernelDef("quant.block_cast", build_block_cast, BLOCK_CONFIGS + BLOCK_TUNE_CONFIGS,
+                       candidates=BLOCK_TUNE_CONFIGS)
 
 
 # ------------------------------------------------------------- cast_back kernel
@@ -1716,7 +1718,8 @@ def build_cast_back(config: CastBackConfig):
     return cast_back
 
 
-CAST_BACK = KernelDef("quant.cast_back", build_cast_back, CAST_BACK_CONFIGS + CAST_BACK_TUNE_CONFIGS)
+CAST_BACK = KernelDef("quant.cast_back", build_cast_back, CAST_BACK_CONFIGS + CAST_BACK_TUNE_CONFIGS,
+                      candidates=CAST_BACK_TUNE_CONFIGS)
 
 
 # =============================================================================

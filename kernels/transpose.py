@@ -70,7 +70,7 @@ import torch
 
 from . import _tilelang
 from .torch import transpose as eager
-from ._tilelang import KernelDef
+from ._tilelang import KernelDef, tuning_only
 
 THREADS = 256
 WARP = 32
@@ -482,7 +482,8 @@ def build_batched_transpose(config: TransposeConfig):
 
 
 BATCHED_TRANSPOSE = KernelDef("transpose.batched_transpose", build_batched_transpose,
-                              STATIC_CONFIGS + TRANSPOSE_TUNE_CONFIGS)
+                              STATIC_CONFIGS + TRANSPOSE_TUNE_CONFIGS,
+                              candidates=tuning_only(TRANSPOSE_TUNE_CONFIGS, TRANSPOSE_SHIPPED))
 
 
 def _check_x(x, ndim: int, layout: str) -> None:
