@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
+import hashlib
 import importlib
 import operator
 import os
@@ -181,9 +183,6 @@ def _compile_lock(name: str, config: Hashable, arch: str):
     of them compile (seconds of nvcc apiece).  Under this lock the first worker
     compiles and the others wait, then load its entry from the disk cache.
     """
-    import fcntl
-    import hashlib
-
     from tilelang import env
 
     folder = os.path.join(env.TILELANG_CACHE_DIR, "tkverify-compile-locks")

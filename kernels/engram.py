@@ -574,9 +574,9 @@ def build_gate_fwd(config: GateConfig):
     return engram_gate_fwd
 
 
-GATE_FWD = KernelDef("engram.gate_fwd", build_gate_fwd,
-                     GATE_CONFIGS + tuple(c for c in FWD_TUNE_CONFIGS if c not in GATE_CONFIGS),
-                     candidates=tuning_only(tuple(c for c in FWD_TUNE_CONFIGS if c not in GATE_CONFIGS), FWD_SHIPPED))
+_FWD_EXTRA = tuple(c for c in FWD_TUNE_CONFIGS if c not in GATE_CONFIGS)  # candidates no base config is already
+GATE_FWD = KernelDef("engram.gate_fwd", build_gate_fwd, GATE_CONFIGS + _FWD_EXTRA,
+                     candidates=tuning_only(_FWD_EXTRA, FWD_SHIPPED))
 
 
 # ------------------------------------------------------------------ backward

@@ -29,11 +29,12 @@ from . import _tilelang
 
 
 def _configurations(kernel_filter: str | None):
+    """(kernel name, index of the config, config): the index is what a worker process is sent."""
     for name, kernel in _tilelang.kernel_defs().items():
         if kernel_filter is not None and kernel_filter not in name:
             continue
-        for config in kernel.configs:
-            yield name, kernel, config
+        for index, config in enumerate(kernel.configs):
+            yield name, index, config
 
 
 def _lower(kernel, config) -> str:
@@ -58,6 +59,19 @@ def _run_one(action_name: str, name: str, index: int, arch: str) -> tuple[str, f
     return detail, time.perf_counter() - start
 
 
+def _results(work: list, action: str, arch: str, jobs: int):
+    """(work item, (detail, seconds)) for each item: in order in this process, or as they finish in `jobs`
+    spawned ones (not forked: each imports tilelang afresh rather than inheriting a half-used one)."""
+    if jobs <= 1:
+        yield from ((item, _run_one(action, item[0], item[1], arch)) for item in work)
+        return
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_run_one, action, name, index, arch): (name, index, config)
+                   for name, index, config in work}
+        for future in concurrent.futures.as_completed(futures):
+            yield futures[future], future.result()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.precompile", description=__doc__.splitlines()[0])
     parser.add_argument("--lower-only", action="store_true", help="lower to CUDA source for sm_90 without compiling")
@@ -73,20 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.lower_only:
         print(f"TILELANG_CACHE_DIR={os.environ.get('TILELANG_CACHE_DIR', '(unset: ~/.tilelang/cache)')}, "
               f"arch {arch}", flush=True)
-    work = [(name, kernel.configs.index(config), config) for name, kernel, config in _configurations(args.kernel)]
+    work = list(_configurations(args.kernel))
     total = time.perf_counter()
-    if args.jobs <= 1:
-        done = ((name, config, _run_one(action, name, index, arch)) for name, index, config in work)
-        for name, config, (detail, seconds) in done:
-            print(f"{verb} {name} {config} in {seconds:.2f} s: {detail}", flush=True)
-    else:  # spawned, not forked: each worker imports tilelang afresh rather than inheriting a half-used one
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-            futures = {pool.submit(_run_one, action, name, index, arch): (name, config) for name, index, config in work}
-            for future in concurrent.futures.as_completed(futures):
-                name, config = futures[future]
-                detail, seconds = future.result()
-                print(f"{verb} {name} {config} in {seconds:.2f} s: {detail}", flush=True)
+    for (name, _, config), (detail, seconds) in _results(work, action, arch, args.jobs):
+        print(f"{verb} {name} {config} in {seconds:.2f} s: {detail}", flush=True)
     print(f"{verb} {len(work)} configurations in {time.perf_counter() - total:.2f} s", flush=True)
     return 0 if work else 1
 

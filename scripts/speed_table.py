@@ -9,11 +9,11 @@ workers); a last line with every row's totals and each run's split of the time (
 import json
 import sys
 
-from tkverify.report import SPEED_PHASES
+from tkverify.report import fuzzed_rows, phase_split
 
 
 def load(path: str) -> dict[tuple[str, str], dict]:
-    return {(r["op"], r["impl"]): r for r in json.load(open(path)).get("speed", []) if r["wall_s"] > 0}
+    return {(r["op"], r["impl"]): r for r in fuzzed_rows(json.load(open(path)).get("speed", []))}
 
 
 def rate(row: dict | None) -> str:
@@ -23,10 +23,7 @@ def rate(row: dict | None) -> str:
 
 
 def split(rows: dict) -> str:
-    wall = sum(r["wall_s"] for r in rows.values())
-    shares = {p: sum(r.get(f"{p}_s", 0.0) for r in rows.values()) / wall for p in SPEED_PHASES}
-    shares["other"] = max(0.0, 1 - sum(shares.values()))
-    return ", ".join(f"{p} {100 * v:.0f}%" for p, v in shares.items() if v >= 0.005)
+    return ", ".join(f"{p} {100 * v:.0f}%" for p, v in phase_split(list(rows.values())).items() if v >= 0.005)
 
 
 def main(args: list[str]) -> None:

@@ -126,5 +126,6 @@ def test_background_compiles_only_under_xdist_where_tilelang_runs():
     assert precompile_jobs("4", workers=0, cpus=16, tilelang_runs=True) == 4
     assert precompile_jobs("4", workers=8, cpus=16, tilelang_runs=False) == 0
     assert precompile_jobs("0", workers=8, cpus=16, tilelang_runs=True) == 0
-    with pytest.raises(pytest.UsageError):
-        precompile_jobs("-1", workers=8, cpus=16, tilelang_runs=True)
+    for bad in ("-1", "two"):
+        with pytest.raises(pytest.UsageError):
+            precompile_jobs(bad, workers=8, cpus=16, tilelang_runs=True)

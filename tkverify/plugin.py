@@ -123,10 +123,9 @@ def precompile_jobs(choice: str, *, workers: int, cpus: int, tilelang_runs: bool
     process fuzzes its ops one after another and compiles what it needs as it goes), on the
     cores the workers leave, at least one."""
     if choice != "auto":
-        jobs = int(choice)
-        if jobs < 0:
-            raise pytest.UsageError(f"--tk-precompile: {choice} is not a process count")
-        return jobs if tilelang_runs else 0
+        if not choice.isdigit():
+            raise pytest.UsageError(f"--tk-precompile: {choice!r} is not auto or a process count")
+        return int(choice) if tilelang_runs else 0
     return max(1, cpus - workers) if tilelang_runs and workers > 0 else 0
 
 
@@ -141,14 +140,9 @@ def _start_precompile(config: pytest.Config) -> None:
     Without it each worker compiles what its tests need, one configuration after another
     (H200 run 29, an empty cache: 399 s for the suite against 277 s warm, 79% of the
     differential tests' time in the implementations' first calls)."""
-    try:
-        choice = config.getoption("--tk-precompile")
-        workers = int(getattr(config.option, "numprocesses", 0) or 0)
-        jobs = precompile_jobs(choice, workers=workers, cpus=len(os.sched_getaffinity(0)),
-                               tilelang_runs=_tilelang_runs(config.getoption("--tk-impl")))
-    except ValueError:
-        raise pytest.UsageError(f"--tk-precompile: {config.getoption('--tk-precompile')!r} is not auto "
-                                "or a process count") from None
+    workers = int(getattr(config.option, "numprocesses", 0) or 0)
+    jobs = precompile_jobs(config.getoption("--tk-precompile"), workers=workers, cpus=len(os.sched_getaffinity(0)),
+                           tilelang_runs=_tilelang_runs(config.getoption("--tk-impl")))
     found = importlib.util.find_spec("kernels.precompile")
     if not jobs or found is None:
         return

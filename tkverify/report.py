@@ -236,19 +236,33 @@ def _speed_cells(r: dict[str, Any]) -> list[str]:
             *(share(r[f"{p}_s"]) for p in SPEED_PHASES), share(max(wall - measured, 0.0))]
 
 
+def fuzzed_rows(speed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the differential suite's hypothesis runs, the ones with a wall time (a backward's
+    refusals leave a row of refused seconds only)."""
+    return [r for r in speed if r["wall_s"] > 0]
+
+
+def phase_split(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each phase's share of the rows' summed wall time, and "other" (drawing, shrinking, the rest)."""
+    wall = sum(r["wall_s"] for r in rows)
+    if not wall:
+        return {}
+    shares = {p: sum(r.get(f"{p}_s", 0.0) for r in rows) / wall for p in SPEED_PHASES}
+    return {**shares, "other": max(1.0 - sum(shares.values()), 0.0)}
+
+
 def speed_markdown(speed: list[dict[str, Any]]) -> list[str]:
-    speed = [r for r in speed if r["wall_s"] > 0]  # the differential suite's runs (a backward's refusals are not)
+    speed = fuzzed_rows(speed)
     if not speed:
         return []
     total_wall = sum(r["wall_s"] for r in speed)
     total_examples = sum(r["examples"] for r in speed)
-    phases = {p: sum(r[f"{p}_s"] for r in speed) for p in SPEED_PHASES}
-    other = max(total_wall - sum(phases.values()), 0.0)
-    split = ", ".join(f"{p} {100 * v / total_wall:.0f}%" for p, v in phases.items()) if total_wall else ""
+    shares = phase_split(speed)
+    split = ", ".join(f"{p} {100 * shares[p]:.0f}%" for p in SPEED_PHASES)
     return ["", "## Fuzzing speed", "",
             f"Summed over workers: {total_examples} judged examples in {total_wall:.1f} s of test time "
-            f"({total_examples / total_wall if total_wall else 0:.1f} examples/s); {split}, "
-            f"drawing, shrinking and the rest {100 * other / total_wall if total_wall else 0:.0f}%. "
+            f"({total_examples / total_wall:.1f} examples/s); {split}, "
+            f"drawing, shrinking and the rest {100 * shares['other']:.0f}%. "
             "The first call of each (op, impl) in a process includes compiling or loading its kernel.", "",
             _md_table([SPEED_HEADER, *[_speed_cells(r) for r in speed]])]
 
