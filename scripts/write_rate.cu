@@ -110,6 +110,271 @@ __global__ void rows8(const uint4* __restrict__ s, uint4* __restrict__ d, const 
   for (int j = 0; j < 8; ++j) d[(size_t)dst[row * 8 + j] * units + u] = v;
 }
 
+// The read/write mix, one unit a thread.  Write-only: unit i of the noise written to 8 places `stride`
+// units apart (8 write streams, no reads).
+__global__ void w8(uint4* __restrict__ d, size_t n8, size_t stride, unsigned salt) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  uint4 v = noise(i, salt);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) d[j * stride + i] = v;
+}
+
+// fanout8 with the 8 streams `stride` units apart and the source read at i & mask (a mask of a few MiB keeps
+// the source in L2, so that DRAM sees the writes alone).
+__global__ void fanout8s(const uint4* __restrict__ s, uint4* __restrict__ d, size_t n8, size_t stride, size_t mask) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  uint4 v = s[i & mask];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) d[j * stride + i] = v;
+}
+
+// One read stream and one write stream at 1:8: CTA b reads blockDim units, writes them to the next 8 blockDim
+// units of one contiguous output.
+__global__ void fanout8c(const uint4* __restrict__ s, uint4* __restrict__ d, size_t mask) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  uint4 v = s[i & mask];
+  uint4* to = d + blockIdx.x * (size_t)blockDim.x * 8 + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) to[j * blockDim.x] = v;
+}
+
+// rows8 reading source row row & mask_rows (L2-resident for a small mask): expand's scatter without DRAM reads.
+__global__ void rows8m(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst, int units,
+                       size_t mask_rows) {
+  int tiles = (units + blockDim.x - 1) / blockDim.x;
+  size_t row = blockIdx.x / tiles;
+  int u = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
+  if (u >= units) return;
+  uint4 v = s[(row & mask_rows) * units + u];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) d[(size_t)dst[row * 8 + j] * units + u] = v;
+}
+
+// Is it the wait for the load, or the loads among the stores?  w8 that spins `spin` cycles before its
+// stores (no loads), and fanout8 whose stores do not wait for its load (noise stored, the load kept by a sink).
+__global__ void w8spin(uint4* __restrict__ d, size_t n8, unsigned salt, long long spin) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  long long t0 = clock64();
+  while (clock64() - t0 < spin) {}
+  uint4 v = noise(i, salt);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) d[j * n8 + i] = v;
+}
+
+__global__ void fanout8free(const uint4* __restrict__ s, uint4* __restrict__ d, size_t n8, unsigned salt,
+                            unsigned* sink) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  uint4 r = s[i];
+  uint4 v = noise(i, salt);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) d[j * n8 + i] = v;
+  if ((r.x ^ r.y ^ r.z ^ r.w) == 0x12345678u) *sink = r.x;
+}
+
+// Persistent CTAs that take work in launch order from a counter (so the write frontier stays as compact as a
+// one-shot grid's) and load the next DEPTH units a thread before storing the current ones.  Work item g: the
+// units [g DEPTH blockDim, (g + 1) DEPTH blockDim) of the source; write-only when s is null.
+template <int DEPTH>
+__global__ void fanout8q(const uint4* __restrict__ s, uint4* __restrict__ d, size_t n8, unsigned* counter,
+                         unsigned salt) {
+  __shared__ unsigned item[2];
+  const unsigned items = (unsigned)(n8 / (DEPTH * blockDim.x));
+  if (threadIdx.x == 0) item[0] = atomicAdd(counter, 1);
+  __syncthreads();
+  unsigned g = item[0];
+  uint4 v[DEPTH];
+  auto load = [&](unsigned it, uint4* w) {
+#pragma unroll
+    for (int q = 0; q < DEPTH; ++q) {
+      size_t i = ((size_t)it * DEPTH + q) * blockDim.x + threadIdx.x;
+      w[q] = s ? s[i] : noise(i, salt);
+    }
+  };
+  if (g < items) load(g, v);
+  for (int parity = 1; g < items; parity ^= 1) {
+    if (threadIdx.x == 0) item[parity] = atomicAdd(counter, 1);
+    __syncthreads();
+    unsigned g1 = item[parity];
+    uint4 w[DEPTH];
+    if (g1 < items) load(g1, w);
+#pragma unroll
+    for (int q = 0; q < DEPTH; ++q) {
+      size_t i = ((size_t)g * DEPTH + q) * blockDim.x + threadIdx.x;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) d[j * n8 + i] = v[q];
+    }
+#pragma unroll
+    for (int q = 0; q < DEPTH; ++q) v[q] = w[q];
+    g = g1;
+  }
+}
+
+// rows8 (expand's rows, 8 destination rows each from dst) as fanout8q: item g holds DEPTH tiles of blockDim
+// units, tile t = (row t / tiles, units from (t % tiles) blockDim), in row order.
+template <int DEPTH>
+__global__ void rows8q(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst, int units,
+                       int rows, unsigned* counter) {
+  __shared__ unsigned item[2];
+  const int tiles = (units + blockDim.x - 1) / blockDim.x;
+  const unsigned items = (unsigned)(((size_t)rows * tiles + DEPTH - 1) / DEPTH);
+  if (threadIdx.x == 0) item[0] = atomicAdd(counter, 1);
+  __syncthreads();
+  unsigned g = item[0];
+  uint4 v[DEPTH];
+  auto load = [&](unsigned it, uint4* w) {
+#pragma unroll
+    for (int q = 0; q < DEPTH; ++q) {
+      size_t t = (size_t)it * DEPTH + q, row = t / tiles;
+      int u = (int)(t % tiles) * blockDim.x + threadIdx.x;
+      if (row < (size_t)rows && u < units) w[q] = s[row * units + u];
+    }
+  };
+  if (g < items) load(g, v);
+  for (int parity = 1; g < items; parity ^= 1) {
+    if (threadIdx.x == 0) item[parity] = atomicAdd(counter, 1);
+    __syncthreads();
+    unsigned g1 = item[parity];
+    uint4 w[DEPTH];
+    if (g1 < items) load(g1, w);
+#pragma unroll
+    for (int q = 0; q < DEPTH; ++q) {
+      size_t t = (size_t)g * DEPTH + q, row = t / tiles;
+      int u = (int)(t % tiles) * blockDim.x + threadIdx.x;
+      if (row < (size_t)rows && u < units) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d[(size_t)dst[row * 8 + j] * units + u] = v[q];
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < DEPTH; ++q) v[q] = w[q];
+    g = g1;
+  }
+}
+
+// rows8 with UNITS tiles of a row a CTA (one-shot), all loaded before the first store: our shipped kernel's shape.
+template <int UNITS>
+__global__ void rows8u(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst, int units) {
+  const int span = UNITS * blockDim.x, tiles = (units + span - 1) / span;
+  size_t row = blockIdx.x / tiles;
+  int u0 = (blockIdx.x % tiles) * span + threadIdx.x;
+  uint4 v[UNITS];
+#pragma unroll
+  for (int q = 0; q < UNITS; ++q)
+    if (u0 + q * (int)blockDim.x < units) v[q] = s[row * units + u0 + q * blockDim.x];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    size_t to = (size_t)dst[row * 8 + j] * units;
+#pragma unroll
+    for (int q = 0; q < UNITS; ++q)
+      if (u0 + q * (int)blockDim.x < units) d[to + u0 + q * blockDim.x] = v[q];
+  }
+}
+
+// Which loads cost the stores?  fanout8 with loads that skip L1 (ld.global.nc.L1::no_allocate), loads that
+// always hit L1 (the CTA's first units, so nothing reaches L2), and loads by the copy engine (TMA): thread 0
+// bulk-copies the CTA's blockDim units to shared memory, an mbarrier says when they are there.
+__global__ void fanout8na(const uint4* __restrict__ s, uint4* __restrict__ d, size_t n8) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(s + i));
+#pragma unroll
+  for (int j = 0; j < 8; ++j) d[j * n8 + i] = v;
+}
+
+__global__ void fanout8l1(const uint4* __restrict__ s, uint4* __restrict__ d, size_t n8) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i >= n8) return;
+  uint4 v = s[threadIdx.x];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) d[j * n8 + i] = v;
+}
+
+__device__ __forceinline__ void tma_load(void* to, const void* from, unsigned bytes, unsigned long long* bar) {
+  unsigned t = static_cast<unsigned>(__cvta_generic_to_shared(to));
+  unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(b), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(t), "l"(from), "r"(bytes), "r"(b) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar, unsigned parity) {
+  unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar)), done = 0;
+  while (!done)
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(b), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
+  if (threadIdx.x == 0) {
+    unsigned b = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(b) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
+__global__ void fanout8tma(const uint4* __restrict__ s, uint4* __restrict__ d, size_t n8) {
+  extern __shared__ __align__(128) uint4 staged[];
+  __shared__ unsigned long long bar;
+  mbarrier_init(&bar);
+  size_t first = blockIdx.x * (size_t)blockDim.x;
+  if (threadIdx.x == 0) tma_load(staged, s + first, blockDim.x * 16, &bar);
+  mbarrier_wait(&bar, 0);
+  uint4 v = staged[threadIdx.x];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) d[j * n8 + first + threadIdx.x] = v;
+}
+
+// rows8 with the tile (UNITS blockDim units of a row) loaded by TMA.
+template <int UNITS>
+__global__ void rows8tma(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst, int units) {
+  extern __shared__ __align__(128) uint4 staged[];
+  __shared__ unsigned long long bar;
+  const int span = UNITS * blockDim.x, tiles = (units + span - 1) / span;
+  size_t row = blockIdx.x / tiles;
+  int u0 = (blockIdx.x % tiles) * span, n = min(span, units - u0);
+  mbarrier_init(&bar);
+  if (threadIdx.x == 0) tma_load(staged, s + row * units + u0, n * 16, &bar);
+  mbarrier_wait(&bar, 0);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint4* to = d + (size_t)dst[row * 8 + j] * units + u0;
+#pragma unroll
+    for (int q = 0; q < UNITS; ++q)
+      if (q * (int)blockDim.x + (int)threadIdx.x < n) to[q * blockDim.x + threadIdx.x] = staged[q * blockDim.x + threadIdx.x];
+  }
+}
+
+// DRAM turns between reads and writes.  fanout8 trickles its reads among 8 times as many writes; does reading
+// the source in bursts help?  fanout8 whose CTA b (b % per_chunk == 0) first asks L2 to prefetch the source chunk
+// `dist` chunks ahead (cp.async.bulk.prefetch, 32 KiB a thread), so that the units' own loads hit L2.
+template <bool STREAM>
+__global__ void fanout8pf(const uint4* __restrict__ s, uint4* __restrict__ d, size_t n8, unsigned per_chunk,
+                          unsigned dist) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (blockIdx.x % per_chunk == 0) {
+    size_t chunk_units = (size_t)per_chunk * blockDim.x, first = (blockIdx.x / per_chunk + dist) * chunk_units;
+    for (size_t u = first + threadIdx.x * 2048; u < first + chunk_units && u < n8; u += blockDim.x * 2048)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], 32768;" :: "l"(s + u) : "memory");
+  }
+  if (i >= n8) return;
+  uint4 v = s[i];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (STREAM)
+      asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(d + j * n8 + i), "r"(v.x), "r"(v.y), "r"(v.z),
+                   "r"(v.w) : "memory");
+    else
+      d[j * n8 + i] = v;
+  }
+}
+
 // CTA i copies source row src[i] to destination row dst[i], `units` 16-byte units, loads before stores.
 template <int PER_THREAD>
 __global__ void gather8(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst,
@@ -126,6 +391,41 @@ __global__ void gather8(const uint4* __restrict__ s, uint4* __restrict__ d, cons
   for (int k = 0; k < PER_THREAD; ++k) {
     int u = k * blockDim.x + threadIdx.x;
     if (u < units) to[u] = v[k];
+  }
+}
+
+// gather8 with L2 hints: loads kept (evict_last) so that a chunk's source rows stay in L2 for their 8 reads,
+// stores passed through (evict_first) so that they do not push the source out.  HINT bit 0: loads, bit 1: stores.
+template <int PER_THREAD, int HINT>
+__global__ void gather8h(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst,
+                         const int* __restrict__ src, int units) {
+  const uint4* from = s + (size_t)src[blockIdx.x] * units;
+  uint4* to = d + (size_t)dst[blockIdx.x] * units;
+  unsigned long long keep, pass;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pass));
+  uint4 v[PER_THREAD];
+#pragma unroll
+  for (int k = 0; k < PER_THREAD; ++k) {
+    int u = k * blockDim.x + threadIdx.x;
+    if (u < units) {
+      if (HINT & 1)
+        asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(v[k].x), "=r"(v[k].y), "=r"(v[k].z), "=r"(v[k].w) : "l"(from + u), "l"(keep));
+      else
+        v[k] = from[u];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < PER_THREAD; ++k) {
+    int u = k * blockDim.x + threadIdx.x;
+    if (u < units) {
+      if (HINT & 2)
+        asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+                     :: "l"(to + u), "r"(v[k].x), "r"(v[k].y), "r"(v[k].z), "r"(v[k].w), "l"(pass) : "memory");
+      else
+        to[u] = v[k];
+    }
   }
 }
 
@@ -259,6 +559,87 @@ int main(int argc, char** argv) {
          median_us([&] { fanout8<<<sms * per_sm, 256>>>((const uint4*)a, (uint4*)b, n8); }));
   line("fanout8", (int)(n8 / 256), 256, bytes + bytes / 8.0,
        median_us([&] { fanout8<<<(unsigned)(n8 / 256), 256>>>((const uint4*)a, (uint4*)b, n8); }));
+  // The mix: is it the 8 streams, their power-of-two spacing, or the reads among the writes?
+  {
+    const size_t all = ~(size_t)0, l2 = ((size_t)8 << 20) / 16 - 1;  // the whole source, or its first 8 MiB
+    const size_t skew = n8 - 1999;                                      // streams spaced by a non-power of two
+    const unsigned g8 = (unsigned)(n8 / 256);
+    line("w8-pow2", g8, 256, bytes, median_us([&] { w8<<<g8, 256>>>((uint4*)b, n8, n8, salt); }));
+    line("w8-skew", g8 - 8, 256, 8.0 * (n8 - 2048) * 16,
+         median_us([&] { w8<<<g8 - 8, 256>>>((uint4*)b, n8 - 2048, skew, salt); }));
+    line("fanout8-pow2", g8, 256, bytes + bytes / 8.0,
+         median_us([&] { fanout8s<<<g8, 256>>>((const uint4*)a, (uint4*)b, n8, n8, all); }));
+    line("fanout8-skew", g8 - 8, 256, 9.0 * (n8 - 2048) * 16,
+         median_us([&] { fanout8s<<<g8 - 8, 256>>>((const uint4*)a, (uint4*)b, n8 - 2048, skew, all); }));
+    line("fanout8-l2src", g8, 256, bytes + bytes / 8.0,
+         median_us([&] { fanout8s<<<g8, 256>>>((const uint4*)a, (uint4*)b, n8, n8, l2); }));
+    line("fanout8-l2skew", g8 - 8, 256, 9.0 * (n8 - 2048) * 16,
+         median_us([&] { fanout8s<<<g8 - 8, 256>>>((const uint4*)a, (uint4*)b, n8 - 2048, skew, l2); }));
+    for (int threads : {128, 256, 1024}) {
+      unsigned g = (unsigned)(n8 / threads);
+      line("fanout8c", g, threads, bytes + bytes / 8.0,
+           median_us([&] { fanout8c<<<g, threads>>>((const uint4*)a, (uint4*)b, all); }));
+    }
+    line("fanout8c-l2src", g8, 256, bytes + bytes / 8.0,
+         median_us([&] { fanout8c<<<g8, 256>>>((const uint4*)a, (uint4*)b, l2); }));
+  }
+  {
+    const unsigned g8 = (unsigned)(n8 / 256);
+    for (long long spin : {1000LL, 3000LL})
+      line(spin == 1000 ? "w8-spin1k" : "w8-spin3k", g8, 256, bytes,
+           median_us([&] { w8spin<<<g8, 256>>>((uint4*)b, n8, salt, spin); }));
+    line("fanout8free", g8, 256, bytes + bytes / 8.0,
+         median_us([&] { fanout8free<<<g8, 256>>>((const uint4*)a, (uint4*)b, n8, salt, sink); }));
+    unsigned* counter;
+    CHECK(cudaMalloc(&counter, 4));
+    auto queued = [&](const char* what, int per_sm, int threads, bool write_only, auto kernel) {
+      int grid = sms * per_sm;
+      line(what, grid, threads, write_only ? bytes : bytes + bytes / 8.0, median_us([&] {
+             CHECK(cudaMemsetAsync(counter, 0, 4));
+             kernel<<<grid, threads>>>(write_only ? nullptr : (const uint4*)a, (uint4*)b, n8, counter, salt);
+           }));
+    };
+    queued("w8q-d1", 8, 256, true, fanout8q<1>);
+    queued("w8q-d2", 8, 256, true, fanout8q<2>);
+    for (int per_sm : {4, 8}) {
+      queued("fanout8q-d1", per_sm, 256, false, fanout8q<1>);
+      queued("fanout8q-d2", per_sm, 256, false, fanout8q<2>);
+      queued("fanout8q-d4", per_sm, 256, false, fanout8q<4>);
+    }
+    CHECK(cudaFree(counter));
+  }
+  {
+    const unsigned g8 = (unsigned)(n8 / 256);
+    line("fanout8na", g8, 256, bytes + bytes / 8.0,
+         median_us([&] { fanout8na<<<g8, 256>>>((const uint4*)a, (uint4*)b, n8); }));
+    line("fanout8l1", g8, 256, bytes + bytes / 8.0,
+         median_us([&] { fanout8l1<<<g8, 256>>>((const uint4*)a, (uint4*)b, n8); }));
+    for (int threads : {128, 256, 512}) {
+      unsigned g = (unsigned)(n8 / threads);
+      line("fanout8tma", g, threads, bytes + bytes / 8.0,
+           median_us([&] { fanout8tma<<<g, threads, threads * 16>>>((const uint4*)a, (uint4*)b, n8); }));
+    }
+  }
+  {
+    const unsigned g8 = (unsigned)(n8 / 256);
+    for (size_t mib : {1, 4})
+      line(mib == 1 ? "fanout8-l2src1M" : "fanout8-l2src4M", g8, 256, bytes + bytes / 8.0, median_us([&] {
+             fanout8s<<<g8, 256>>>((const uint4*)a, (uint4*)b, n8, n8, (mib << 20) / 16 - 1);
+           }));
+    for (unsigned kib : {256u, 1024u, 4096u})
+      for (unsigned dist : {1u, 2u}) {
+        unsigned per_chunk = kib * 1024 / 16 / 256;
+        char what[40];
+        std::snprintf(what, sizeof what, "fanout8pf%uK-d%u", kib, dist);
+        line(what, g8, 256, bytes + bytes / 8.0, median_us([&] {
+               fanout8pf<false><<<g8, 256>>>((const uint4*)a, (uint4*)b, n8, per_chunk, dist);
+             }));
+        std::snprintf(what, sizeof what, "fanout8pfcs%uK-d%u", kib, dist);
+        line(what, g8, 256, bytes + bytes / 8.0, median_us([&] {
+               fanout8pf<true><<<g8, 256>>>((const uint4*)a, (uint4*)b, n8, per_chunk, dist);
+             }));
+      }
+  }
   const int row_units = 896, rows = 16384, tile = 128;
   if ((size_t)rows * 8 * row_units * 16 <= bytes) {
     int* dst;
@@ -271,6 +652,67 @@ int main(int argc, char** argv) {
       int grid = rows * ((row_units + tile - 1) / tile);
       line(what, grid, tile, 9.0 * rows * row_units * 16,
            median_us([&] { rows8<<<grid, tile>>>((const uint4*)a, (uint4*)b, dst, row_units); }));
+      if (layout[0] == 'e') {  // the shipped kernel's shape, and the queued pipeline, on expand's layout
+        int grid2 = rows * ((row_units + 2 * tile - 1) / (2 * tile));
+        line("rows8u2-experts", grid2, tile, 9.0 * rows * row_units * 16,
+             median_us([&] { rows8u<2><<<grid2, tile>>>((const uint4*)a, (uint4*)b, dst, row_units); }));
+        unsigned* counter;
+        CHECK(cudaMalloc(&counter, 4));
+        for (int per_sm : {8, 16}) {
+          int gq = sms * per_sm;
+          auto run = [&](const char* name, auto kernel) {
+            line(name, gq, tile, 9.0 * rows * row_units * 16, median_us([&] {
+                   CHECK(cudaMemsetAsync(counter, 0, 4));
+                   kernel<<<gq, tile>>>((const uint4*)a, (uint4*)b, dst, row_units, rows, counter);
+                 }));
+          };
+          run("rows8q-d1-experts", rows8q<1>);
+          run("rows8q-d2-experts", rows8q<2>);
+          run("rows8q-d4-experts", rows8q<4>);
+        }
+        // rows8q checked: the 8 destination rows of sampled source rows hold them
+        CHECK(cudaMemset(b, 0, bytes));
+        CHECK(cudaMemset(counter, 0, 4));
+        rows8q<4><<<sms * 16, tile>>>((const uint4*)a, (uint4*)b, dst, row_units, rows, counter);
+        CHECK(cudaDeviceSynchronize());
+        std::vector<uint4> got(row_units), want(row_units);
+        size_t wrong = 0, checked = 0;
+        for (int r = 0; r < rows; r += 1021)
+          for (int j = 0; j < 8; ++j, ++checked) {
+            CHECK(cudaMemcpy(got.data(), (uint4*)b + (size_t)table[8 * (size_t)r + j] * row_units, row_units * 16,
+                             cudaMemcpyDeviceToHost));
+            CHECK(cudaMemcpy(want.data(), (uint4*)a + (size_t)r * row_units, row_units * 16, cudaMemcpyDeviceToHost));
+            wrong += std::memcmp(got.data(), want.data(), row_units * 16) != 0;
+          }
+        std::printf("# rows8q check: %zu wrong rows of %zu sampled\n", wrong, checked);
+        CHECK(cudaFree(counter));
+      }
+      if (layout[0] == 'e') {  // the tile loaded by TMA
+        for (int u : {1, 2, 7}) {
+          int g = rows * ((row_units + u * tile - 1) / (u * tile));
+          char name[32];
+          std::snprintf(name, sizeof name, "rows8tma%d-experts", u);
+          auto kernel = u == 1 ? rows8tma<1> : u == 2 ? rows8tma<2> : rows8tma<7>;
+          line(name, g, tile, 9.0 * rows * row_units * 16,
+               median_us([&] { kernel<<<g, tile, u * tile * 16>>>((const uint4*)a, (uint4*)b, dst, row_units); }));
+        }
+        CHECK(cudaMemset(b, 0, bytes));
+        rows8tma<2><<<rows * 4, tile, 2 * tile * 16>>>((const uint4*)a, (uint4*)b, dst, row_units);
+        CHECK(cudaDeviceSynchronize());
+        std::vector<uint4> got(row_units), want(row_units);
+        size_t wrong = 0, checked = 0;
+        for (int r = 0; r < rows; r += 1021)
+          for (int j = 0; j < 8; ++j, ++checked) {
+            CHECK(cudaMemcpy(got.data(), (uint4*)b + (size_t)table[8 * (size_t)r + j] * row_units, row_units * 16,
+                             cudaMemcpyDeviceToHost));
+            CHECK(cudaMemcpy(want.data(), (uint4*)a + (size_t)r * row_units, row_units * 16, cudaMemcpyDeviceToHost));
+            wrong += std::memcmp(got.data(), want.data(), row_units * 16) != 0;
+          }
+        std::printf("# rows8tma2 check: %zu wrong rows of %zu sampled\n", wrong, checked);
+      }
+      std::snprintf(what, sizeof what, "rows8l2-%s", layout);  // the source's first 512 rows (7 MiB), in L2
+      line(what, grid, tile, 9.0 * rows * row_units * 16,
+           median_us([&] { rows8m<<<grid, tile>>>((const uint4*)a, (uint4*)b, dst, row_units, 511); }));
     }
     // gather8 over the experts layout, in several launch orders
     std::vector<int> table = rows8_table("experts", rows), gdst, gsrc;
@@ -286,6 +728,21 @@ int main(int argc, char** argv) {
       int grid = (int)table.size();
       line(what, grid, 128, 9.0 * rows * row_units * 16,
            median_us([&] { gather8<7><<<grid, 128>>>((const uint4*)a, (uint4*)b, d_dst, d_src, row_units); }));
+    }
+    for (const char* order : {"chunk256", "chunk512", "chunk1024", "chunk2048", "chunk4096"}) {
+      gather8_order(table, order, gdst, gsrc);
+      CHECK(cudaMemcpy(d_dst, gdst.data(), gdst.size() * sizeof(int), cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(d_src, gsrc.data(), gsrc.size() * sizeof(int), cudaMemcpyHostToDevice));
+      int grid = (int)table.size();
+      char what[40];
+      const char* hints[] = {"", "keep", "pass", "keeppass"};
+      auto kernels = {gather8h<7, 1>, gather8h<7, 2>, gather8h<7, 3>};
+      int h = 1;
+      for (auto kernel : kernels) {
+        std::snprintf(what, sizeof what, "gather8%s-%s", hints[h++], order);
+        line(what, grid, 128, 9.0 * rows * row_units * 16,
+             median_us([&] { kernel<<<grid, 128>>>((const uint4*)a, (uint4*)b, d_dst, d_src, row_units); }));
+      }
     }
     // the last order, checked: every destination row holds its source row
     std::vector<uint4> got(row_units), want(row_units);
