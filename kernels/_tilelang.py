@@ -136,6 +136,43 @@ __device__ __forceinline__ void tk_store16_stream(void* dst, const void* src) {
 """
 
 
+# One 16-byte load that asks L2 to keep the line (evict_last) and one 16-byte store that asks L2 to let it
+# go first (evict_first), through createpolicy cache hints.  For a kernel that reads each source row
+# several times within a short window and writes every output byte once: the hints keep the sources in L2
+# for their later reads instead of the writes pushing them out (expand_to_fused's gather).  Called as
+# LOAD16_KEEP(dst, src) / STORE16_PASS(dst, src) through T.call_extern, both addresses 16-byte aligned.
+LOAD16_KEEP = "tk_load16_keep"
+STORE16_PASS = "tk_store16_pass"
+L2_HINTS_PRELUDE = r"""
+#ifndef TK_L2_HINTS
+#define TK_L2_HINTS
+__device__ __forceinline__ void tk_load16_keep(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__)
+  uint4 v;
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(src), "l"(policy));
+  *(uint4*)dst = v;
+#else
+  *(uint4*)dst = *(const uint4*)src;
+#endif
+}
+__device__ __forceinline__ void tk_store16_pass(void* dst, const void* src) {
+  uint4 v = *(const uint4*)src;
+#if defined(__CUDA_ARCH__)
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+               :: "l"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy) : "memory");
+#else
+  *(uint4*)dst = v;
+#endif
+}
+#endif
+"""
+
+
 def chosen_config(base: Hashable, shipped: dict, overrides: dict,
                   fits: Callable[[Any], bool] = lambda config: True) -> Hashable:
     """The static configuration a wrapper launches for its `base` one: a tuning run's override

@@ -661,17 +661,23 @@ SF_THREADS = 256
 EXPAND_UNITS = (16, 4, 2, 1)  # bytes moved per thread access
 
 
+ORDER_SLOTS = 2048  # pairs whose rows the gather writes in position order: a chunk of ORDER_SLOTS // K tokens
+ORDER_THREADS = 1024
+
+
 class ExpandConfig(NamedTuple):
-    stage: str  # "map", "rows" or "sf_columns"
-    width: int  # rows: bytes per unit (16, 4, 2, 1); sf_columns: sf element bytes (4, 1); map: 0
-    # Tuning knobs of the row kernel (the defaults are the shipped kernel; see EXPAND_TUNE_CONFIGS):
+    stage: str  # "map", "rows", "order", "gather" or "sf_columns"
+    width: int  # rows, gather: bytes per unit (16, 4, 2, 1; gather 16); sf_columns: sf element bytes (4, 1); else 0
+    # Tuning knobs of the row and gather kernels (the defaults are the base row kernel; see EXPAND_TUNE_CONFIGS):
     threads: int = EXPAND_THREADS  # threads of a CTA
     units: int = 1  # units a thread loads (all in flight) before it stores them: a tile is threads * units
-    streaming: bool = False  # out (rows and padding zeros) stored with st.global.cs (16-byte units only)
+    # rows: out (rows and padding zeros) stored with st.global.cs (16-byte units only);
+    # gather: x loaded with L2 evict_last and out stored with L2 evict_first hints
+    streaming: bool = False
 
 
 EXPAND_CONFIGS = (
-    (ExpandConfig("map", 0),)
+    (ExpandConfig("map", 0), ExpandConfig("order", 0))
     + tuple(ExpandConfig("rows", unit) for unit in EXPAND_UNITS)
     + tuple(ExpandConfig("sf_columns", width) for width in (4, 1))
 )
@@ -698,6 +704,13 @@ EXPAND_TUNE_CONFIGS = (
     ExpandConfig("rows", 16, threads=448, units=2),
     # the shipped 2 units a thread with evict-first stores (runs 23/24: evict-first 633-637 us eager)
     ExpandConfig("rows", 16, units=2, streaming=True),
+    # The gather: a CTA a destination row, in chunk-major position order (the "order" kernel), so that
+    # CTAs running together write neighbouring rows of few experts, not one row in each of 256; a source
+    # row's 8 reads then fall within its chunk, and the L2 hints keep it there (scripts/write_rate.cu's
+    # gather8keeppass, H200 run 39: 3.90 TB/s against 3.68 for the row kernel's pattern)
+    ExpandConfig("gather", 16, threads=128, units=7, streaming=True),
+    ExpandConfig("gather", 16, threads=128, units=7),
+    ExpandConfig("gather", 16, threads=256, units=4, streaming=True),
 )
 # The row kernel ships a tuning candidate where one was faster with the same bits: the base configuration
 # of a unit -> the one used.  16-byte units: 2 units a thread (a tile of 256 units, half the CTAs), H200
@@ -869,6 +882,143 @@ def _build_expand_rows_tuned(config: ExpandConfig):
     return expand_rows
 
 
+def _build_expand_order():
+    """order_pos / order_token: the pairs' (position, token), sorted by position within each chunk of
+    ORDER_SLOTS slots (chunk c: the pairs [c * chunk_pairs, (c + 1) * chunk_pairs)); slots without a pair
+    (pos < 0, or past the chunk's pairs) last, as -1.  A bitonic sort of (pos << 32) + token in shared
+    memory, a CTA a chunk."""
+    T = _tilelang.T()
+    num_pairs, num_order = T.dynamic("num_pairs, num_order")
+    levels = ORDER_SLOTS.bit_length() - 1  # log2(ORDER_SLOTS)
+    assert 1 << levels == ORDER_SLOTS and ORDER_SLOTS % (2 * ORDER_THREADS) == 0
+
+    @T.prim_func
+    def expand_order(
+        token_topk_to_pos: T.Tensor((num_pairs,), "int32"),
+        order_pos: T.Tensor((num_order,), "int32"),
+        order_token: T.Tensor((num_order,), "int32"),
+        num_slots: T.int32,
+        chunk_pairs: T.int32,
+        num_chunks: T.int32,
+    ):
+        T.annotate_pass_configs(PASS_CONFIGS)
+        with T.Kernel(num_chunks, threads=ORDER_THREADS) as chunk:
+            tx = T.get_thread_binding()
+            keys = T.alloc_shared((ORDER_SLOTS,), "int64")
+            low = T.alloc_var("int64")
+            high = T.alloc_var("int64")
+            for i in T.unroll(ORDER_SLOTS // ORDER_THREADS):
+                slot = i * ORDER_THREADS + tx
+                pair = T.Cast("int64", chunk) * chunk_pairs + slot
+                keys[slot] = T.max_value("int64")
+                if slot < chunk_pairs and pair < num_pairs:
+                    if token_topk_to_pos[pair] >= 0:
+                        keys[slot] = T.shift_left(T.Cast("int64", token_topk_to_pos[pair]), 32) + T.truncdiv(
+                            pair, num_slots)
+            T.sync_threads()
+            # Sorted runs of 2 << level keys from runs of 1 << level; comparator c of a step compares
+            # keys lo and lo + stride, ascending where lo's run of 2 << level is even-numbered.
+            for level in T.serial(levels):
+                for step in T.serial(level + 1):
+                    for i in T.unroll(ORDER_SLOTS // 2 // ORDER_THREADS):
+                        c = i * ORDER_THREADS + tx
+                        shift = level - step  # stride 1 << shift
+                        lo = T.shift_left(T.shift_right(c, shift), shift + 1) + T.bitwise_and(
+                            c, T.shift_left(1, shift) - 1)
+                        hi = lo + T.shift_left(1, shift)
+                        low = T.min(keys[lo], keys[hi])
+                        high = T.max(keys[lo], keys[hi])
+                        if T.bitwise_and(lo, T.shift_left(2, level)) == 0:
+                            keys[lo] = low
+                            keys[hi] = high
+                        else:
+                            keys[lo] = high
+                            keys[hi] = low
+                    T.sync_threads()
+            for i in T.unroll(ORDER_SLOTS // ORDER_THREADS):
+                slot = i * ORDER_THREADS + tx
+                at = T.Cast("int64", chunk) * ORDER_SLOTS + slot
+                if keys[slot] == T.max_value("int64"):
+                    order_pos[at] = -1
+                    order_token[at] = -1
+                else:
+                    order_pos[at] = T.Cast("int32", T.shift_right(keys[slot], 32))
+                    order_token[at] = T.Cast("int32", T.bitwise_and(keys[slot], 0xFFFFFFFF))
+
+    return expand_order
+
+
+def _build_expand_gather(config: ExpandConfig):
+    """out[order_pos[s]] = x[order_token[s]] for the sorted slots s, a CTA a slot (a whole row, tiles of
+    threads * units units, each thread's units loaded before they are stored); then padding blocks as the
+    tuned row kernel's.  16-byte units."""
+    T = _tilelang.T()
+    threads, units, hinted = config.threads, config.units, config.streaming
+    assert config.stage == "gather" and config.width == 16, config
+    span = threads * units
+    num_tokens, num_units, num_rows, num_order = T.dynamic("num_tokens, num_units, num_rows, num_order")
+
+    @T.macro
+    def load(unit_bits, j, x, token, u):
+        if hinted:
+            T.call_extern("handle", _tilelang.LOAD16_KEEP, T.address_of(unit_bits[j * 4]), T.address_of(x[token, u * 4]))
+        else:
+            for v in T.vectorized(4):
+                unit_bits[j * 4 + v] = x[token, u * 4 + v]
+
+    @T.macro
+    def store(out, row, u, unit_bits, j):
+        if hinted:
+            T.call_extern("handle", _tilelang.STORE16_PASS, T.address_of(out[row, u * 4]), T.address_of(unit_bits[j * 4]))
+        else:
+            for v in T.vectorized(4):
+                out[row, u * 4 + v] = unit_bits[j * 4 + v]
+
+    @T.prim_func
+    def expand_gather(
+        x: T.Tensor((num_tokens, num_units * 4), "int32"),
+        order_pos: T.Tensor((num_order,), "int32"),
+        order_token: T.Tensor((num_order,), "int32"),
+        row_src: T.Tensor((num_rows,), "int32"),
+        out: T.Tensor((num_rows, num_units * 4), "int32"),
+        num_blocks: T.int32,
+        block_offset: T.int64,
+    ):
+        T.annotate_pass_configs(PASS_CONFIGS)
+        tiles = T.ceildiv(num_units, span)
+        with T.Kernel(num_blocks, threads=threads,
+                      prelude=_tilelang.L2_HINTS_PRELUDE if hinted else None) as block:
+            tx = T.get_thread_binding()
+            logical = T.alloc_var("int64", init=block_offset + block)
+            unit_bits = T.alloc_local((units * 4,), "int32")
+            if logical < num_order:
+                row = order_pos[logical]
+                if row >= 0 and row < num_rows:
+                    token = order_token[logical]
+                    for tile in T.serial(tiles):
+                        for j in T.unroll(units):
+                            if tile * span + j * threads + tx < num_units:
+                                load(unit_bits, j, x, token, tile * span + j * threads + tx)
+                        for j in T.unroll(units):
+                            if tile * span + j * threads + tx < num_units:
+                                store(out, row, tile * span + j * threads + tx, unit_bits, j)
+            else:
+                # Padding block: one tile of the rows [first, first + PAD_ROWS) that no pair reaches.
+                pad = logical - num_order
+                first = T.truncdiv(pad, tiles) * PAD_ROWS
+                first_unit = T.Cast("int32", T.truncmod(pad, tiles)) * span + tx
+                for v in T.vectorized(4):
+                    unit_bits[v] = 0
+                for r in T.unroll(PAD_ROWS):
+                    if first + r < num_rows:
+                        if row_src[first + r] < 0:
+                            for j in T.unroll(units):
+                                if first_unit + j * threads < num_units:
+                                    store(out, first + r, first_unit + j * threads, unit_bits, 0)
+
+    return expand_gather
+
+
 def _build_expand_sf_columns(width: int):
     T = _tilelang.T()
     raw = RAW_DTYPES[width]
@@ -906,6 +1056,10 @@ def build_expand(config: ExpandConfig):
     """prim_func of one of expand_to_fused's kernels (see the module docstring)."""
     if config.stage == "map":
         return _build_expand_map()
+    if config.stage == "order":
+        return _build_expand_order()
+    if config.stage == "gather":
+        return _build_expand_gather(config)
     if config.stage == "rows":
         if config == ExpandConfig("rows", config.width):
             return _build_expand_rows(config.width)  # the shipped kernel
@@ -950,8 +1104,25 @@ def _expand_rows(src: torch.Tensor, token_topk_to_pos: torch.Tensor, row_src: to
         raise ValueError(f"x: rows of {src.shape[1] * src.element_size()} bytes are too long for this alignment "
                          f"(at most {_tilelang.MAX_DIM} units of {unit} bytes)")
     tiles = _ceildiv(num_units, config.threads * config.units)
-    total = (src.shape[0] + _ceildiv(out.shape[0], PAD_ROWS)) * tiles
+    padding_blocks = _ceildiv(out.shape[0], PAD_ROWS) * tiles
+    if config.stage == "gather":
+        order = _expand_order(token_topk_to_pos, target)
+        _tilelang.launch_in_pieces(kernel, order.shape[1] + padding_blocks, _as_units(src, unit), order[0], order[1],
+                                   row_src, _as_units(out, unit))
+        return
+    total = src.shape[0] * tiles + padding_blocks
     _tilelang.launch_in_pieces(kernel, total, _as_units(src, unit), token_topk_to_pos, row_src, _as_units(out, unit))
+
+
+def _expand_order(token_topk_to_pos: torch.Tensor, target) -> torch.Tensor:
+    """(2, chunks * ORDER_SLOTS) int32: the pairs' positions and tokens, sorted by position in each chunk."""
+    num_tokens, k = token_topk_to_pos.shape
+    chunk_tokens = ORDER_SLOTS // k
+    num_chunks = _ceildiv(num_tokens, chunk_tokens)
+    order = torch.empty((2, num_chunks * ORDER_SLOTS), dtype=torch.int32, device=token_topk_to_pos.device)
+    kernel = _tilelang.compiled_kernel(EXPAND_TO_FUSED, ExpandConfig("order", 0), target)
+    kernel(token_topk_to_pos.reshape(-1), order[0], order[1], k, chunk_tokens * k, num_chunks)
+    return order
 
 
 def expand_rows_config(unit: int) -> ExpandConfig:
