@@ -883,73 +883,79 @@ def _build_expand_rows_tuned(config: ExpandConfig):
 
 
 def _build_expand_order():
-    """order_pos / order_token: the pairs' (position, token), sorted by position within each chunk of
-    ORDER_SLOTS slots (chunk c: the pairs [c * chunk_pairs, (c + 1) * chunk_pairs)); slots without a pair
-    (pos < 0, or past the chunk's pairs) last, as -1.  A bitonic sort of (pos << 32) + token in shared
-    memory, a CTA a chunk."""
+    """order (chunks * ORDER_SLOTS,) int64: chunk c's pairs [c * chunk_pairs, (c + 1) * chunk_pairs) as
+    (pos << 32) + token, sorted by position, -1 for slots without a row (pos < 0, or past the chunk's
+    pairs) last; and row_src[pos] = token, the map kernel's job, for the pairs it reads.
+
+    A bitonic sort a CTA a chunk: thread tx holds elements tx + h * ORDER_THREADS in registers; a step
+    pairs element i with i ^ stride, through a warp shuffle (stride < 32), shared memory (stride <
+    ORDER_THREADS) or the thread's own registers."""
     T = _tilelang.T()
-    num_pairs, num_order = T.dynamic("num_pairs, num_order")
-    levels = ORDER_SLOTS.bit_length() - 1  # log2(ORDER_SLOTS)
-    assert 1 << levels == ORDER_SLOTS and ORDER_SLOTS % (2 * ORDER_THREADS) == 0
+    num_pairs, num_rows, num_order = T.dynamic("num_pairs, num_rows, num_order")
+    per_thread = ORDER_SLOTS // ORDER_THREADS
+    levels = ORDER_SLOTS.bit_length() - 1  # runs of 2 << level keys, level < levels
+    thread_bits = ORDER_THREADS.bit_length() - 1
+    assert 1 << levels == ORDER_SLOTS and 1 << thread_bits == ORDER_THREADS and per_thread == 2
+    no_pair = T.max_value("int64")  # sorts last
 
     @T.prim_func
     def expand_order(
         token_topk_to_pos: T.Tensor((num_pairs,), "int32"),
-        order_pos: T.Tensor((num_order,), "int32"),
-        order_token: T.Tensor((num_order,), "int32"),
+        row_src: T.Tensor((num_rows,), "int32"),
+        order: T.Tensor((num_order,), "int64"),
         num_slots: T.int32,
         chunk_pairs: T.int32,
         num_chunks: T.int32,
     ):
-        T.annotate_pass_configs(PASS_CONFIGS)
+        T.annotate_pass_configs({**PASS_CONFIGS, "tl.disable_thread_storage_sync": True})
         with T.Kernel(num_chunks, threads=ORDER_THREADS) as chunk:
             tx = T.get_thread_binding()
-            keys = T.alloc_shared((ORDER_SLOTS,), "int64")
-            low = T.alloc_var("int64")
-            high = T.alloc_var("int64")
-            for i in T.unroll(ORDER_SLOTS // ORDER_THREADS):
-                slot = i * ORDER_THREADS + tx
+            exchange = T.alloc_shared((ORDER_SLOTS,), "int64")
+            keys = T.alloc_local((per_thread,), "int64")
+            other = T.alloc_local((per_thread,), "int64")
+            for h in T.unroll(per_thread):
+                slot = h * ORDER_THREADS + tx
                 pair = T.Cast("int64", chunk) * chunk_pairs + slot
-                keys[slot] = T.max_value("int64")
+                keys[h] = no_pair
                 if slot < chunk_pairs and pair < num_pairs:
                     if token_topk_to_pos[pair] >= 0:
-                        keys[slot] = T.shift_left(T.Cast("int64", token_topk_to_pos[pair]), 32) + T.truncdiv(
+                        keys[h] = T.shift_left(T.Cast("int64", token_topk_to_pos[pair]), 32) + T.truncdiv(
                             pair, num_slots)
-            T.sync_threads()
-            # Sorted runs of 2 << level keys from runs of 1 << level; comparator c of a step compares
-            # keys lo and lo + stride, ascending where lo's run of 2 << level is even-numbered.
+                        if token_topk_to_pos[pair] < num_rows:
+                            row_src[token_topk_to_pos[pair]] = T.Cast("int32", T.truncdiv(pair, num_slots))
             for level in T.serial(levels):
                 for step in T.serial(level + 1):
-                    for i in T.unroll(ORDER_SLOTS // 2 // ORDER_THREADS):
-                        c = i * ORDER_THREADS + tx
-                        shift = level - step  # stride 1 << shift
-                        lo = T.shift_left(T.shift_right(c, shift), shift + 1) + T.bitwise_and(
-                            c, T.shift_left(1, shift) - 1)
-                        hi = lo + T.shift_left(1, shift)
-                        low = T.min(keys[lo], keys[hi])
-                        high = T.max(keys[lo], keys[hi])
-                        if T.bitwise_and(lo, T.shift_left(2, level)) == 0:
-                            keys[lo] = low
-                            keys[hi] = high
+                    shift = level - step  # the step's stride is 1 << shift
+                    if shift < 5:
+                        for h in T.unroll(per_thread):
+                            other[h] = T.shfl_xor(keys[h], T.shift_left(1, shift))
+                    elif shift < thread_bits:
+                        for h in T.unroll(per_thread):
+                            exchange[h * ORDER_THREADS + tx] = keys[h]
+                        T.sync_threads()
+                        for h in T.unroll(per_thread):
+                            other[h] = exchange[T.bitwise_xor(h * ORDER_THREADS + tx, T.shift_left(1, shift))]
+                        T.sync_threads()
+                    else:  # stride ORDER_THREADS: the thread's other element
+                        other[0] = keys[1]
+                        other[1] = keys[0]
+                    for h in T.unroll(per_thread):
+                        # the pair's lower element keeps the smaller key in an ascending run (bit level + 1
+                        # of its index clear), the larger in a descending one; the upper element the other
+                        i = h * ORDER_THREADS + tx
+                        if T.bitwise_and(T.shift_right(i, shift), 1) == T.bitwise_and(T.shift_right(i, level + 1), 1):
+                            keys[h] = T.min(keys[h], other[h])
                         else:
-                            keys[lo] = high
-                            keys[hi] = low
-                    T.sync_threads()
-            for i in T.unroll(ORDER_SLOTS // ORDER_THREADS):
-                slot = i * ORDER_THREADS + tx
-                at = T.Cast("int64", chunk) * ORDER_SLOTS + slot
-                if keys[slot] == T.max_value("int64"):
-                    order_pos[at] = -1
-                    order_token[at] = -1
-                else:
-                    order_pos[at] = T.Cast("int32", T.shift_right(keys[slot], 32))
-                    order_token[at] = T.Cast("int32", T.bitwise_and(keys[slot], 0xFFFFFFFF))
+                            keys[h] = T.max(keys[h], other[h])
+            for h in T.unroll(per_thread):
+                order[T.Cast("int64", chunk) * ORDER_SLOTS + h * ORDER_THREADS + tx] = T.if_then_else(
+                    keys[h] == no_pair, T.int64(-1), keys[h])
 
     return expand_order
 
 
 def _build_expand_gather(config: ExpandConfig):
-    """out[order_pos[s]] = x[order_token[s]] for the sorted slots s, a CTA a slot (a whole row, tiles of
+    """out[pos] = x[token] for each slot's (pos << 32) + token of order, a CTA a slot (a whole row, tiles of
     threads * units units, each thread's units loaded before they are stored); then padding blocks as the
     tuned row kernel's.  16-byte units."""
     T = _tilelang.T()
@@ -977,8 +983,7 @@ def _build_expand_gather(config: ExpandConfig):
     @T.prim_func
     def expand_gather(
         x: T.Tensor((num_tokens, num_units * 4), "int32"),
-        order_pos: T.Tensor((num_order,), "int32"),
-        order_token: T.Tensor((num_order,), "int32"),
+        order: T.Tensor((num_order,), "int64"),
         row_src: T.Tensor((num_rows,), "int32"),
         out: T.Tensor((num_rows, num_units * 4), "int32"),
         num_blocks: T.int32,
@@ -992,9 +997,10 @@ def _build_expand_gather(config: ExpandConfig):
             logical = T.alloc_var("int64", init=block_offset + block)
             unit_bits = T.alloc_local((units * 4,), "int32")
             if logical < num_order:
-                row = order_pos[logical]
-                if row >= 0 and row < num_rows:
-                    token = order_token[logical]
+                key = T.alloc_var("int64", init=order[logical])
+                row = T.Cast("int32", T.shift_right(key, 32))
+                token = T.bitwise_and(key, 0xFFFFFFFF)
+                if key >= 0 and row < num_rows:
                     for tile in T.serial(tiles):
                         for j in T.unroll(units):
                             if tile * span + j * threads + tx < num_units:
@@ -1094,8 +1100,9 @@ def _as_units(t: torch.Tensor, unit: int) -> torch.Tensor:
 
 
 def _expand_rows(src: torch.Tensor, token_topk_to_pos: torch.Tensor, row_src: torch.Tensor,
-                 out: torch.Tensor, target) -> None:
-    """out[pos] = src[t] for the pairs, zero rows where row_src < 0 (src, out row-major contiguous)."""
+                 out: torch.Tensor, order: torch.Tensor | None, target) -> None:
+    """out[pos] = src[t] for the pairs, zero rows where row_src < 0 (src, out row-major contiguous).
+    `order`: the gather's (_expand_order), where the caller has it."""
     unit = _row_unit(src, out)
     config = expand_rows_config(unit)
     kernel = _tilelang.compiled_kernel(EXPAND_TO_FUSED, config, target)
@@ -1106,22 +1113,24 @@ def _expand_rows(src: torch.Tensor, token_topk_to_pos: torch.Tensor, row_src: to
     tiles = _ceildiv(num_units, config.threads * config.units)
     padding_blocks = _ceildiv(out.shape[0], PAD_ROWS) * tiles
     if config.stage == "gather":
-        order = _expand_order(token_topk_to_pos, target)
-        _tilelang.launch_in_pieces(kernel, order.shape[1] + padding_blocks, _as_units(src, unit), order[0], order[1],
-                                   row_src, _as_units(out, unit))
+        if order is None:
+            order = _expand_order(token_topk_to_pos, row_src, target)
+        _tilelang.launch_in_pieces(kernel, order.numel() + padding_blocks, _as_units(src, unit), order, row_src,
+                                   _as_units(out, unit))
         return
     total = src.shape[0] * tiles + padding_blocks
     _tilelang.launch_in_pieces(kernel, total, _as_units(src, unit), token_topk_to_pos, row_src, _as_units(out, unit))
 
 
-def _expand_order(token_topk_to_pos: torch.Tensor, target) -> torch.Tensor:
-    """(2, chunks * ORDER_SLOTS) int32: the pairs' positions and tokens, sorted by position in each chunk."""
+def _expand_order(token_topk_to_pos: torch.Tensor, row_src: torch.Tensor, target) -> torch.Tensor:
+    """The gather's order: (chunks * ORDER_SLOTS,) int64 (pos << 32) + token, sorted by position in each
+    chunk of ORDER_SLOTS // K tokens, -1 for empty slots.  Sets row_src as the map kernel does."""
     num_tokens, k = token_topk_to_pos.shape
     chunk_tokens = ORDER_SLOTS // k
     num_chunks = _ceildiv(num_tokens, chunk_tokens)
-    order = torch.empty((2, num_chunks * ORDER_SLOTS), dtype=torch.int32, device=token_topk_to_pos.device)
+    order = torch.empty((num_chunks * ORDER_SLOTS,), dtype=torch.int64, device=token_topk_to_pos.device)
     kernel = _tilelang.compiled_kernel(EXPAND_TO_FUSED, ExpandConfig("order", 0), target)
-    kernel(token_topk_to_pos.reshape(-1), order[0], order[1], k, chunk_tokens * k, num_chunks)
+    kernel(token_topk_to_pos.reshape(-1), row_src, order, k, chunk_tokens * k, num_chunks)
     return order
 
 
@@ -1171,19 +1180,23 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, num_expand
             out_sf = torch.zeros((num_rows, x_sf.shape[1]), dtype=x_sf.dtype, device=device)
         return out, out_sf
     target = _tilelang.target_for(device)
-    mapper = _tilelang.compiled_kernel(EXPAND_TO_FUSED, ExpandConfig("map", 0), target)
     with _tilelang.device_guard(device):
         row_src = torch.full((num_rows,), -1, dtype=torch.int32, device=device)
-        mapper(token_topk_to_pos.reshape(-1), row_src, k)
         out = torch.empty((num_rows, x.shape[1]), dtype=x.dtype, device=device)
-        _expand_rows(x, token_topk_to_pos, row_src, out, target)
+        order = None
+        if expand_rows_config(_row_unit(x, out)).stage == "gather":
+            order = _expand_order(token_topk_to_pos, row_src, target)  # row_src with it
+        else:
+            mapper = _tilelang.compiled_kernel(EXPAND_TO_FUSED, ExpandConfig("map", 0), target)
+            mapper(token_topk_to_pos.reshape(-1), row_src, k)
+        _expand_rows(x, token_topk_to_pos, row_src, out, order, target)
         if x_sf is None:
             return out
         if column_major_sf:
             out_sf = _expand_sf_columns(x_sf, row_src, num_rows, target)
         else:
             out_sf = torch.empty((num_rows, x_sf.shape[1]), dtype=x_sf.dtype, device=device)
-            _expand_rows(x_sf, token_topk_to_pos, row_src, out_sf, target)
+            _expand_rows(x_sf, token_topk_to_pos, row_src, out_sf, order, target)
     return out, out_sf
 
 

@@ -256,8 +256,11 @@ __global__ void rows8q(const uint4* __restrict__ s, uint4* __restrict__ d, const
 }
 
 // rows8 with UNITS tiles of a row a CTA (one-shot), all loaded before the first store: our shipped kernel's shape.
-template <int UNITS>
+// PASS: stores with the L2 evict_first policy (as gather8h's).
+template <int UNITS, bool PASS = false>
 __global__ void rows8u(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst, int units) {
+  unsigned long long pass;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pass));
   const int span = UNITS * blockDim.x, tiles = (units + span - 1) / span;
   size_t row = blockIdx.x / tiles;
   int u0 = (blockIdx.x % tiles) * span + threadIdx.x;
@@ -270,7 +273,14 @@ __global__ void rows8u(const uint4* __restrict__ s, uint4* __restrict__ d, const
     size_t to = (size_t)dst[row * 8 + j] * units;
 #pragma unroll
     for (int q = 0; q < UNITS; ++q)
-      if (u0 + q * (int)blockDim.x < units) d[to + u0 + q * blockDim.x] = v[q];
+      if (u0 + q * (int)blockDim.x < units) {
+        uint4* p = d + to + u0 + q * blockDim.x;
+        if (PASS)
+          asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;"
+                       :: "l"(p), "r"(v[q].x), "r"(v[q].y), "r"(v[q].z), "r"(v[q].w), "l"(pass) : "memory");
+        else
+          *p = v[q];
+      }
   }
 }
 
@@ -656,6 +666,11 @@ int main(int argc, char** argv) {
         int grid2 = rows * ((row_units + 2 * tile - 1) / (2 * tile));
         line("rows8u2-experts", grid2, tile, 9.0 * rows * row_units * 16,
              median_us([&] { rows8u<2><<<grid2, tile>>>((const uint4*)a, (uint4*)b, dst, row_units); }));
+        int grid1 = rows * ((row_units + tile - 1) / tile);
+        line("rows8u1pass-experts", grid1, tile, 9.0 * rows * row_units * 16,
+             median_us([&] { rows8u<1, true><<<grid1, tile>>>((const uint4*)a, (uint4*)b, dst, row_units); }));
+        line("rows8u2pass-experts", grid2, tile, 9.0 * rows * row_units * 16,
+             median_us([&] { rows8u<2, true><<<grid2, tile>>>((const uint4*)a, (uint4*)b, dst, row_units); }));
         unsigned* counter;
         CHECK(cudaMalloc(&counter, 4));
         for (int per_sm : {8, 16}) {
@@ -729,7 +744,7 @@ int main(int argc, char** argv) {
       line(what, grid, 128, 9.0 * rows * row_units * 16,
            median_us([&] { gather8<7><<<grid, 128>>>((const uint4*)a, (uint4*)b, d_dst, d_src, row_units); }));
     }
-    for (const char* order : {"chunk256", "chunk512", "chunk1024", "chunk2048", "chunk4096"}) {
+    for (const char* order : {"src", "chunk64", "chunk256", "chunk512", "chunk1024"}) {
       gather8_order(table, order, gdst, gsrc);
       CHECK(cudaMemcpy(d_dst, gdst.data(), gdst.size() * sizeof(int), cudaMemcpyHostToDevice));
       CHECK(cudaMemcpy(d_src, gsrc.data(), gsrc.size() * sizeof(int), cudaMemcpyHostToDevice));

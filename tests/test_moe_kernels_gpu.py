@@ -277,6 +277,37 @@ def test_expand_tuning_candidates_give_the_shipped_bits(moe, monkeypatch, case):
         assert_same_bits(got_sf, want_sf, f"{config} out_sf")
 
 
+# (T, K, position layout): a single token, chunks of 256 tokens (K 8) with a partial last one, 227 (K 9:
+# 2043 of a chunk's 2048 slots), 64 (K 32), positions >= N and masked slots ("scattered")
+EXPAND_ORDER_CASES = [(1, 8, "mapping"), (333, 8, "scattered"), (2049, 8, "mapping"), (500, 9, "mapping"),
+                      (300, 32, "scattered")]
+
+
+@pytest.mark.parametrize("case", EXPAND_ORDER_CASES, ids=_case_ids(EXPAND_ORDER_CASES))
+def test_expand_order_sorts_each_chunk_by_position(moe, case):
+    """The gather's order (kernels.moe._expand_order): each chunk's pairs with pos >= 0, as
+    (pos << 32) + token sorted, then -1 for the chunk's other slots; and row_src as the map kernel sets it."""
+    num_tokens, k, layout = case
+    pos, num_rows = positions(layout, num_tokens, k, _generator(13))
+    token = torch.arange(num_tokens).repeat_interleave(k).view(num_tokens, k)
+    row_src = torch.full((num_rows,), -1, dtype=torch.int32, device="cuda")
+    order = moe._expand_order(pos.cuda(), row_src, moe._tilelang.target_for(row_src.device)).cpu()
+    chunk_tokens = moe.ORDER_SLOTS // k
+    chunks = -(-num_tokens // chunk_tokens)
+    assert order.shape == (chunks * moe.ORDER_SLOTS,)
+    for c in range(chunks):
+        p, t = pos[c * chunk_tokens:(c + 1) * chunk_tokens], token[c * chunk_tokens:(c + 1) * chunk_tokens]
+        keys = (p[p >= 0].long() << 32) + t[p >= 0]
+        want = torch.full((moe.ORDER_SLOTS,), -1, dtype=torch.int64)
+        want[:keys.numel()] = keys.sort().values
+        assert torch.equal(order[c * moe.ORDER_SLOTS:(c + 1) * moe.ORDER_SLOTS], want), f"chunk {c}"
+    want_row_src = torch.full((num_rows,), -1, dtype=torch.int32)
+    reached = (pos >= 0) & (pos < num_rows)
+    assert reached.any()
+    want_row_src[pos[reached].long()] = token[reached].to(torch.int32)
+    assert torch.equal(row_src.cpu(), want_row_src)
+
+
 # (x dtype, sf dtype, T, K, H, G, sf layout, position layout)
 EXPAND_SF_CASES = [
     (torch.float8_e4m3fn, torch.float32, 257, 8, 7168, 56, "row_major", "mapping"),
