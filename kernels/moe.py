@@ -883,20 +883,19 @@ def _build_expand_rows_tuned(config: ExpandConfig):
 
 
 def _build_expand_order():
-    """order (chunks * ORDER_SLOTS,) int64: chunk c's pairs [c * chunk_pairs, (c + 1) * chunk_pairs) as
-    (pos << 32) + token, sorted by position, -1 for slots without a row (pos < 0, or past the chunk's
-    pairs) last; and row_src[pos] = token, the map kernel's job, for the pairs it reads.
+    """order (chunks * ORDER_SLOTS,) int64: chunk c's pairs [c * chunk_pairs, (c + 1) * chunk_pairs) with a
+    row (0 <= pos < N) as (pos << 32) + token, by position bucket (pos * ORDER_SLOTS // N, about N /
+    ORDER_SLOTS rows, close to one pair a bucket), then -1 for the chunk's other slots; and row_src[pos] =
+    token, the map kernel's job, for the pairs it reads.
 
-    A bitonic sort a CTA a chunk: thread tx holds elements tx + h * ORDER_THREADS in registers; a step
-    pairs element i with i ^ stride, through a warp shuffle (stride < 32), shared memory (stride <
-    ORDER_THREADS) or the thread's own registers."""
+    A counting sort, a CTA a chunk: shared-memory atomics count the buckets and give each pair its rank
+    in its bucket, a scan of the counts gives each bucket's first slot.  The order inside a bucket is the
+    atomics' and may change from call to call; it only says which CTA writes a row when, never a byte."""
     T = _tilelang.T()
     num_pairs, num_rows, num_order = T.dynamic("num_pairs, num_rows, num_order")
     per_thread = ORDER_SLOTS // ORDER_THREADS
-    levels = ORDER_SLOTS.bit_length() - 1  # runs of 2 << level keys, level < levels
-    thread_bits = ORDER_THREADS.bit_length() - 1
-    assert 1 << levels == ORDER_SLOTS and 1 << thread_bits == ORDER_THREADS and per_thread == 2
-    no_pair = T.max_value("int64")  # sorts last
+    warps = ORDER_THREADS // 32
+    assert per_thread == 2 and warps <= 32  # a thread scans its two buckets, warp 0 the warps' sums
 
     @T.prim_func
     def expand_order(
@@ -910,46 +909,67 @@ def _build_expand_order():
         T.annotate_pass_configs({**PASS_CONFIGS, "tl.disable_thread_storage_sync": True})
         with T.Kernel(num_chunks, threads=ORDER_THREADS) as chunk:
             tx = T.get_thread_binding()
-            exchange = T.alloc_shared((ORDER_SLOTS,), "int64")
-            keys = T.alloc_local((per_thread,), "int64")
-            other = T.alloc_local((per_thread,), "int64")
+            lane = tx % 32
+            first = T.alloc_shared((ORDER_SLOTS,), "int32")  # bucket counts, then each bucket's first slot
+            sums = T.alloc_shared((warps + 1,), "int32")  # warps' first slots, then the chunk's count
+            bucket = T.alloc_local((per_thread,), "int32")
+            rank = T.alloc_local((per_thread,), "int32")
+            key = T.alloc_local((per_thread,), "int64")
+            scan = T.alloc_var("int32")
+            up = T.alloc_var("int32")
+            for h in T.unroll(per_thread):
+                first[h * ORDER_THREADS + tx] = 0
+            T.sync_threads()
             for h in T.unroll(per_thread):
                 slot = h * ORDER_THREADS + tx
                 pair = T.Cast("int64", chunk) * chunk_pairs + slot
-                keys[h] = no_pair
+                bucket[h] = -1
                 if slot < chunk_pairs and pair < num_pairs:
-                    if token_topk_to_pos[pair] >= 0:
-                        keys[h] = T.shift_left(T.Cast("int64", token_topk_to_pos[pair]), 32) + T.truncdiv(
+                    if token_topk_to_pos[pair] >= 0 and token_topk_to_pos[pair] < num_rows:
+                        row_src[token_topk_to_pos[pair]] = T.Cast("int32", T.truncdiv(pair, num_slots))
+                        key[h] = T.shift_left(T.Cast("int64", token_topk_to_pos[pair]), 32) + T.truncdiv(
                             pair, num_slots)
-                        if token_topk_to_pos[pair] < num_rows:
-                            row_src[token_topk_to_pos[pair]] = T.Cast("int32", T.truncdiv(pair, num_slots))
-            for level in T.serial(levels):
-                for step in T.serial(level + 1):
-                    shift = level - step  # the step's stride is 1 << shift
-                    if shift < 5:
-                        for h in T.unroll(per_thread):
-                            other[h] = T.shfl_xor(keys[h], T.shift_left(1, shift))
-                    elif shift < thread_bits:
-                        for h in T.unroll(per_thread):
-                            exchange[h * ORDER_THREADS + tx] = keys[h]
-                        T.sync_threads()
-                        for h in T.unroll(per_thread):
-                            other[h] = exchange[T.bitwise_xor(h * ORDER_THREADS + tx, T.shift_left(1, shift))]
-                        T.sync_threads()
-                    else:  # stride ORDER_THREADS: the thread's other element
-                        other[0] = keys[1]
-                        other[1] = keys[0]
-                    for h in T.unroll(per_thread):
-                        # the pair's lower element keeps the smaller key in an ascending run (bit level + 1
-                        # of its index clear), the larger in a descending one; the upper element the other
-                        i = h * ORDER_THREADS + tx
-                        if T.bitwise_and(T.shift_right(i, shift), 1) == T.bitwise_and(T.shift_right(i, level + 1), 1):
-                            keys[h] = T.min(keys[h], other[h])
-                        else:
-                            keys[h] = T.max(keys[h], other[h])
+                        bucket[h] = T.Cast("int32", T.truncdiv(
+                            T.Cast("int64", token_topk_to_pos[pair]) * ORDER_SLOTS, num_rows))
+                        rank[h] = T.atomic_add(first[bucket[h]], 1, return_prev=True)
+            T.sync_threads()
+            # Exclusive scan of the counts: thread tx owns buckets 2 tx and 2 tx + 1.
+            scan = first[2 * tx] + first[2 * tx + 1]
+            for d in T.unroll(5):
+                up = T.shfl_up(scan, T.shift_left(1, d))
+                if lane >= T.shift_left(1, d):
+                    scan = scan + up
+            if lane == 31:
+                sums[tx // 32] = scan
+            T.sync_threads()
+            if tx < 32:
+                up = 0
+                if tx < warps:
+                    up = sums[tx]
+                scan = up
+                for d in T.unroll(5):
+                    up = T.shfl_up(scan, T.shift_left(1, d))
+                    if lane >= T.shift_left(1, d):
+                        scan = scan + up
+                if tx < warps:
+                    sums[tx] = scan - sums[tx]
+                if tx == 31:
+                    sums[warps] = scan
+            T.sync_threads()
+            scan = first[2 * tx] + first[2 * tx + 1]  # the thread's count again: its inclusive scan is gone
+            for d in T.unroll(5):
+                up = T.shfl_up(scan, T.shift_left(1, d))
+                if lane >= T.shift_left(1, d):
+                    scan = scan + up
+            up = first[2 * tx]
+            first[2 * tx] = sums[tx // 32] + scan - up - first[2 * tx + 1]
+            first[2 * tx + 1] = first[2 * tx] + up
+            T.sync_threads()
             for h in T.unroll(per_thread):
-                order[T.Cast("int64", chunk) * ORDER_SLOTS + h * ORDER_THREADS + tx] = T.if_then_else(
-                    keys[h] == no_pair, T.int64(-1), keys[h])
+                if bucket[h] >= 0:
+                    order[T.Cast("int64", chunk) * ORDER_SLOTS + first[bucket[h]] + rank[h]] = key[h]
+                if h * ORDER_THREADS + tx >= sums[warps]:
+                    order[T.Cast("int64", chunk) * ORDER_SLOTS + h * ORDER_THREADS + tx] = T.int64(-1)
 
     return expand_order
 
@@ -1009,18 +1029,23 @@ def _build_expand_gather(config: ExpandConfig):
                             if tile * span + j * threads + tx < num_units:
                                 store(out, row, tile * span + j * threads + tx, unit_bits, j)
             else:
-                # Padding block: one tile of the rows [first, first + PAD_ROWS) that no pair reaches.
+                # Padding block: one tile of the rows [first, first + PAD_ROWS) that no pair reaches, their
+                # row_src read first, all in flight (the stores' asm would otherwise hold each load back).
                 pad = logical - num_order
                 first = T.truncdiv(pad, tiles) * PAD_ROWS
                 first_unit = T.Cast("int32", T.truncmod(pad, tiles)) * span + tx
+                sources = T.alloc_local((PAD_ROWS,), "int32")
+                for r in T.unroll(PAD_ROWS):
+                    sources[r] = 0
+                    if first + r < num_rows:
+                        sources[r] = row_src[first + r]
                 for v in T.vectorized(4):
                     unit_bits[v] = 0
                 for r in T.unroll(PAD_ROWS):
-                    if first + r < num_rows:
-                        if row_src[first + r] < 0:
-                            for j in T.unroll(units):
-                                if first_unit + j * threads < num_units:
-                                    store(out, first + r, first_unit + j * threads, unit_bits, 0)
+                    if sources[r] < 0:
+                        for j in T.unroll(units):
+                            if first_unit + j * threads < num_units:
+                                store(out, first + r, first_unit + j * threads, unit_bits, 0)
 
     return expand_gather
 

@@ -284,9 +284,10 @@ EXPAND_ORDER_CASES = [(1, 8, "mapping"), (333, 8, "scattered"), (2049, 8, "mappi
 
 
 @pytest.mark.parametrize("case", EXPAND_ORDER_CASES, ids=_case_ids(EXPAND_ORDER_CASES))
-def test_expand_order_sorts_each_chunk_by_position(moe, case):
-    """The gather's order (kernels.moe._expand_order): each chunk's pairs with pos >= 0, as
-    (pos << 32) + token sorted, then -1 for the chunk's other slots; and row_src as the map kernel sets it."""
+def test_expand_order_buckets_each_chunk_by_position(moe, case):
+    """The gather's order (kernels.moe._expand_order): each chunk's pairs with a row (0 <= pos < N), as
+    (pos << 32) + token, in position-bucket order (the order inside a bucket is free), then -1 for the
+    chunk's other slots; and row_src as the map kernel sets it."""
     num_tokens, k, layout = case
     pos, num_rows = positions(layout, num_tokens, k, _generator(13))
     token = torch.arange(num_tokens).repeat_interleave(k).view(num_tokens, k)
@@ -297,10 +298,14 @@ def test_expand_order_sorts_each_chunk_by_position(moe, case):
     assert order.shape == (chunks * moe.ORDER_SLOTS,)
     for c in range(chunks):
         p, t = pos[c * chunk_tokens:(c + 1) * chunk_tokens], token[c * chunk_tokens:(c + 1) * chunk_tokens]
-        keys = (p[p >= 0].long() << 32) + t[p >= 0]
-        want = torch.full((moe.ORDER_SLOTS,), -1, dtype=torch.int64)
-        want[:keys.numel()] = keys.sort().values
-        assert torch.equal(order[c * moe.ORDER_SLOTS:(c + 1) * moe.ORDER_SLOTS], want), f"chunk {c}"
+        reached = (p >= 0) & (p < num_rows)
+        keys = (p[reached].long() << 32) + t[reached]
+        got = order[c * moe.ORDER_SLOTS:(c + 1) * moe.ORDER_SLOTS]
+        placed, rest = got[:keys.numel()], got[keys.numel():]
+        assert torch.equal(placed.sort().values, keys.sort().values), f"chunk {c}: not its pairs"
+        assert bool((rest == -1).all()), f"chunk {c}: slots past its pairs"
+        buckets = (placed >> 32) * moe.ORDER_SLOTS // num_rows
+        assert bool((buckets[1:] >= buckets[:-1]).all()), f"chunk {c}: buckets out of order"
     want_row_src = torch.full((num_rows,), -1, dtype=torch.int32)
     reached = (pos >= 0) & (pos < num_rows)
     assert reached.any()
