@@ -674,6 +674,7 @@ class ExpandConfig(NamedTuple):
     # rows: out (rows and padding zeros) stored with st.global.cs (16-byte units only);
     # gather: x loaded with L2 evict_last and out stored with L2 evict_first hints
     streaming: bool = False
+    pad_rows: int = PAD_ROWS  # gather: rows a padding block checks (the row kernels check PAD_ROWS)
 
 
 EXPAND_CONFIGS = (
@@ -710,7 +711,8 @@ EXPAND_TUNE_CONFIGS = (
     # gather8keeppass, H200 run 39: 3.90 TB/s against 3.68 for the row kernel's pattern)
     ExpandConfig("gather", 16, threads=128, units=7, streaming=True),
     ExpandConfig("gather", 16, threads=128, units=7),
-    ExpandConfig("gather", 16, threads=256, units=4, streaming=True),
+    # padding blocks of 8 rows: a block of 32 padding rows stores 448 KiB from 128 threads
+    ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=8),
 )
 # The row kernel ships a tuning candidate where one was faster with the same bits: the base configuration
 # of a unit -> the one used.  16-byte units: 2 units a thread (a tile of 256 units, half the CTAs), H200
@@ -976,10 +978,10 @@ def _build_expand_order():
 
 def _build_expand_gather(config: ExpandConfig):
     """out[pos] = x[token] for each slot's (pos << 32) + token of order, a CTA a slot (a whole row, tiles of
-    threads * units units, each thread's units loaded before they are stored); then padding blocks as the
-    tuned row kernel's.  16-byte units."""
+    threads * units units, each thread's units loaded before they are stored), after the padding blocks
+    (first, so that the heavy ones, a whole expert's padding, do not make the grid's tail); 16-byte units."""
     T = _tilelang.T()
-    threads, units, hinted = config.threads, config.units, config.streaming
+    threads, units, hinted, pad_rows = config.threads, config.units, config.streaming, config.pad_rows
     assert config.stage == "gather" and config.width == 16, config
     span = threads * units
     num_tokens, num_units, num_rows, num_order = T.dynamic("num_tokens, num_units, num_rows, num_order")
@@ -1011,13 +1013,14 @@ def _build_expand_gather(config: ExpandConfig):
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
         tiles = T.ceildiv(num_units, span)
+        pad_blocks = T.ceildiv(T.Cast("int64", num_rows), pad_rows) * tiles
         with T.Kernel(num_blocks, threads=threads,
                       prelude=_tilelang.L2_HINTS_PRELUDE if hinted else None) as block:
             tx = T.get_thread_binding()
             logical = T.alloc_var("int64", init=block_offset + block)
             unit_bits = T.alloc_local((units * 4,), "int32")
-            if logical < num_order:
-                key = T.alloc_var("int64", init=order[logical])
+            if logical >= pad_blocks:
+                key = T.alloc_var("int64", init=order[logical - pad_blocks])
                 row = T.Cast("int32", T.shift_right(key, 32))
                 token = T.bitwise_and(key, 0xFFFFFFFF)
                 if key >= 0 and row < num_rows:
@@ -1029,19 +1032,18 @@ def _build_expand_gather(config: ExpandConfig):
                             if tile * span + j * threads + tx < num_units:
                                 store(out, row, tile * span + j * threads + tx, unit_bits, j)
             else:
-                # Padding block: one tile of the rows [first, first + PAD_ROWS) that no pair reaches, their
+                # Padding block: one tile of the rows [first, first + pad_rows) that no pair reaches, their
                 # row_src read first, all in flight (the stores' asm would otherwise hold each load back).
-                pad = logical - num_order
-                first = T.truncdiv(pad, tiles) * PAD_ROWS
-                first_unit = T.Cast("int32", T.truncmod(pad, tiles)) * span + tx
-                sources = T.alloc_local((PAD_ROWS,), "int32")
-                for r in T.unroll(PAD_ROWS):
+                first = T.truncdiv(logical, tiles) * pad_rows
+                first_unit = T.Cast("int32", T.truncmod(logical, tiles)) * span + tx
+                sources = T.alloc_local((pad_rows,), "int32")
+                for r in T.unroll(pad_rows):
                     sources[r] = 0
                     if first + r < num_rows:
                         sources[r] = row_src[first + r]
                 for v in T.vectorized(4):
                     unit_bits[v] = 0
-                for r in T.unroll(PAD_ROWS):
+                for r in T.unroll(pad_rows):
                     if sources[r] < 0:
                         for j in T.unroll(units):
                             if first_unit + j * threads < num_units:
@@ -1136,7 +1138,7 @@ def _expand_rows(src: torch.Tensor, token_topk_to_pos: torch.Tensor, row_src: to
         raise ValueError(f"x: rows of {src.shape[1] * src.element_size()} bytes are too long for this alignment "
                          f"(at most {_tilelang.MAX_DIM} units of {unit} bytes)")
     tiles = _ceildiv(num_units, config.threads * config.units)
-    padding_blocks = _ceildiv(out.shape[0], PAD_ROWS) * tiles
+    padding_blocks = _ceildiv(out.shape[0], config.pad_rows) * tiles
     if config.stage == "gather":
         if order is None:
             order = _expand_order(token_topk_to_pos, row_src, target)
