@@ -713,12 +713,16 @@ EXPAND_TUNE_CONFIGS = (
     ExpandConfig("gather", 16, threads=128, units=7),
     # padding blocks of 8 rows: a block of 32 padding rows stores 448 KiB from 128 threads
     ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=8),
+    ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=4),
+    ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=16),
 )
 # The row kernel ships a tuning candidate where one was faster with the same bits: the base configuration
-# of a unit -> the one used.  16-byte units: 2 units a thread (a tile of 256 units, half the CTAs), H200
-# runs 23 and 24 (T 16384, K 8, H 7168 bf16, graph replay): 640.9 and 630.6 us against 654.2 and 643.5 us
-# for one unit a thread, every byte equal.
-EXPAND_SHIPPED: dict[ExpandConfig, ExpandConfig] = {ExpandConfig("rows", 16): ExpandConfig("rows", 16, units=2)}
+# of a unit -> the one used.  16-byte units: the gather with L2 hints and padding blocks of 8 rows, H200
+# run 46 (T 16384, K 8, H 7168 bf16, scripts/expand_stages.py, each kernel's device time): 593.4 us for
+# its three kernels against 625.9 for the row kernel of 2 units a thread (shipped from runs 23-24 to 46),
+# every byte equal (tests/test_moe_kernels_gpu.py).
+EXPAND_SHIPPED: dict[ExpandConfig, ExpandConfig] = {
+    ExpandConfig("rows", 16): ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=8)}
 # The base configuration -> the configuration to use instead (any of EXPAND_TO_FUSED.configs with
 # the same stage and width), set by a tuning run.
 EXPAND_OVERRIDES: dict[ExpandConfig, ExpandConfig] = {}

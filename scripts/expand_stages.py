@@ -7,7 +7,7 @@ At the bench's inputs (tkverify.specs.moe: T 16384, K 8, H 7168 bf16, DeepSeek-V
 tuning candidate of the gather) is put in place through EXPAND_OVERRIDES and called `--calls` times
 under torch.profiler; each CUDA kernel's mean device time is printed, with the bytes the bench counts
 over the sum of the kernels (what the op would reach with no gaps between its launches).
-A CONFIG is written as the ExpandConfig fields, e.g. gather,16,128,7,1.
+A CONFIG is written as the ExpandConfig fields, e.g. gather,16,128,7,1,8.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from tkverify.specs import moe as moe_spec
 
 
 def parse_config(text: str) -> moe.ExpandConfig:
-    stage, width, threads, units, streaming = text.split(",")
-    return moe.ExpandConfig(stage, int(width), int(threads), int(units), bool(int(streaming)))
+    """stage,width[,threads,units,streaming,pad_rows]: ExpandConfig's fields in order, numbers for the rest."""
+    stage, *numbers = text.split(",")
+    config = moe.ExpandConfig(stage, *map(int, numbers))
+    return config._replace(streaming=bool(config.streaming))
 
 
 def kernel_times(fn, calls: int) -> dict[str, float]:

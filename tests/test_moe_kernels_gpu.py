@@ -472,7 +472,15 @@ def test_vectorized_configs_use_16_byte_accesses(tilelang_only):
 
             assert _vector_accesses(body) >= 1 and body.count(f"{_tilelang.STORE16_STREAM}(") >= 2, (config, source)
             assert "st.global.cs.v4" in source, (config, source)
-        elif config.stage == "rows" and config.width == 16:
+        elif config.stage == "gather" and config.streaming:
+            # the row load and both stores (slot rows, padding zeros) through the L2-hint helpers
+            from kernels import _tilelang
+
+            body = source.split('extern "C" __global__')[-1]
+            assert body.count(f"{_tilelang.LOAD16_KEEP}(") >= 1, (config, source)
+            assert body.count(f"{_tilelang.STORE16_PASS}(") >= 2, (config, source)
+            assert "ld.global.L2::cache_hint.v4" in source and "st.global.L2::cache_hint.v4" in source, config
+        elif config.width == 16 and config.stage in ("rows", "gather"):
             # the row load, the stores to each slot's row, the padding rows' zeros
             assert _vector_accesses(source) >= 3, (config, source)
     for config, source in _sources("moe.reduce_fused").items():
