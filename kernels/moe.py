@@ -675,6 +675,7 @@ class ExpandConfig(NamedTuple):
     # gather: x loaded with L2 evict_last and out stored with L2 evict_first hints
     streaming: bool = False
     pad_rows: int = PAD_ROWS  # gather: rows a padding block checks (the row kernels check PAD_ROWS)
+    ctas_per_sm: int = 0  # gather: CTAs an SM asked for through the launch bounds (0: none asked)
 
 
 EXPAND_CONFIGS = (
@@ -715,6 +716,9 @@ EXPAND_TUNE_CONFIGS = (
     ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=8),
     ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=4),
     ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=16),
+    # more CTAs resident (52 registers a thread allow 9 an SM): more rows' loads in flight
+    ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=8, ctas_per_sm=12),
+    ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=8, ctas_per_sm=16),
 )
 # The row kernel ships a tuning candidate where one was faster with the same bits: the base configuration
 # of a unit -> the one used.  16-byte units: the gather with L2 hints and padding blocks of 8 rows, H200
@@ -890,9 +894,10 @@ def _build_expand_rows_tuned(config: ExpandConfig):
 
 def _build_expand_order():
     """order (chunks * ORDER_SLOTS,) int64: chunk c's pairs [c * chunk_pairs, (c + 1) * chunk_pairs) with a
-    row (0 <= pos < N) as (pos << 32) + token, by position bucket (pos * ORDER_SLOTS // N, about N /
-    ORDER_SLOTS rows, close to one pair a bucket), then -1 for the chunk's other slots; and row_src[pos] =
-    token, the map kernel's job, for the pairs it reads.
+    row (0 <= pos < N) as (pos << 32) + token, by position bucket (pos // bucket_rows, bucket_rows =
+    ceil(N / ORDER_SLOTS): close to one pair a bucket), then -1 for the chunk's other slots; and
+    row_src[pos] = token, the map kernel's job, for the pairs it reads.  32-bit arithmetic but for the key
+    and the pair's flat index (a 64-bit division costs about 100 instructions).
 
     A counting sort, a CTA a chunk: shared-memory atomics count the buckets and give each pair its rank
     in its bucket, a scan of the counts gives each bucket's first slot.  The order inside a bucket is the
@@ -911,11 +916,13 @@ def _build_expand_order():
         num_slots: T.int32,
         chunk_pairs: T.int32,
         num_chunks: T.int32,
+        bucket_rows: T.int32,
     ):
         T.annotate_pass_configs({**PASS_CONFIGS, "tl.disable_thread_storage_sync": True})
         with T.Kernel(num_chunks, threads=ORDER_THREADS) as chunk:
             tx = T.get_thread_binding()
             lane = tx % 32
+            chunk_tokens = T.truncdiv(chunk_pairs, num_slots)
             first = T.alloc_shared((ORDER_SLOTS,), "int32")  # bucket counts, then each bucket's first slot
             sums = T.alloc_shared((warps + 1,), "int32")  # warps' first slots, then the chunk's count
             bucket = T.alloc_local((per_thread,), "int32")
@@ -932,11 +939,10 @@ def _build_expand_order():
                 bucket[h] = -1
                 if slot < chunk_pairs and pair < num_pairs:
                     if token_topk_to_pos[pair] >= 0 and token_topk_to_pos[pair] < num_rows:
-                        row_src[token_topk_to_pos[pair]] = T.Cast("int32", T.truncdiv(pair, num_slots))
-                        key[h] = T.shift_left(T.Cast("int64", token_topk_to_pos[pair]), 32) + T.truncdiv(
-                            pair, num_slots)
-                        bucket[h] = T.Cast("int32", T.truncdiv(
-                            T.Cast("int64", token_topk_to_pos[pair]) * ORDER_SLOTS, num_rows))
+                        token = chunk * chunk_tokens + T.truncdiv(slot, num_slots)
+                        row_src[token_topk_to_pos[pair]] = token
+                        key[h] = T.shift_left(T.Cast("int64", token_topk_to_pos[pair]), 32) + token
+                        bucket[h] = T.truncdiv(token_topk_to_pos[pair], bucket_rows)
                         rank[h] = T.atomic_add(first[bucket[h]], 1, return_prev=True)
             T.sync_threads()
             # Exclusive scan of the counts: thread tx owns buckets 2 tx and 2 tx + 1.
@@ -1020,6 +1026,8 @@ def _build_expand_gather(config: ExpandConfig):
         pad_blocks = T.ceildiv(T.Cast("int64", num_rows), pad_rows) * tiles
         with T.Kernel(num_blocks, threads=threads,
                       prelude=_tilelang.L2_HINTS_PRELUDE if hinted else None) as block:
+            if config.ctas_per_sm:
+                T.annotate_min_blocks_per_sm(config.ctas_per_sm)
             tx = T.get_thread_binding()
             logical = T.alloc_var("int64", init=block_offset + block)
             unit_bits = T.alloc_local((units * 4,), "int32")
@@ -1161,7 +1169,8 @@ def _expand_order(token_topk_to_pos: torch.Tensor, row_src: torch.Tensor, target
     num_chunks = _ceildiv(num_tokens, chunk_tokens)
     order = torch.empty((num_chunks * ORDER_SLOTS,), dtype=torch.int64, device=token_topk_to_pos.device)
     kernel = _tilelang.compiled_kernel(EXPAND_TO_FUSED, ExpandConfig("order", 0), target)
-    kernel(token_topk_to_pos.reshape(-1), row_src, order, k, chunk_tokens * k, num_chunks)
+    kernel(token_topk_to_pos.reshape(-1), row_src, order, k, chunk_tokens * k, num_chunks,
+           _ceildiv(row_src.numel(), ORDER_SLOTS))
     return order
 
 

@@ -304,7 +304,7 @@ def test_expand_order_buckets_each_chunk_by_position(moe, case):
         placed, rest = got[:keys.numel()], got[keys.numel():]
         assert torch.equal(placed.sort().values, keys.sort().values), f"chunk {c}: not its pairs"
         assert bool((rest == -1).all()), f"chunk {c}: slots past its pairs"
-        buckets = (placed >> 32) * moe.ORDER_SLOTS // num_rows
+        buckets = (placed >> 32) // -(-num_rows // moe.ORDER_SLOTS)
         assert bool((buckets[1:] >= buckets[:-1]).all()), f"chunk {c}: buckets out of order"
     want_row_src = torch.full((num_rows,), -1, dtype=torch.int32)
     reached = (pos >= 0) & (pos < num_rows)
