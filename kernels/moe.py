@@ -97,14 +97,31 @@ Moving bits, as raw integers:
    `EXPAND_OVERRIDES` names one; benchmarks/tune.py times them): a tile of threads * units
    units, each thread loading its `units` before storing them; evict-first (st.global.cs)
    stores to out.  Padding logical blocks there take one tile of their 32 rows each.  The
-   bytes stored are the same.  The 16-byte kernel ships one of them (EXPAND_SHIPPED): 2 units
-   a thread, tiles of 256 units.  (Gone after losing: a persistent grid of whole-row CTAs, by
+   bytes stored are the same.  (Gone after losing: a persistent grid of whole-row CTAs, by
    11% in H200 runs 14 and 16, 719.6 and 712.6 us against 653.7 and 643.7 shipped; TMA bulk
    stores of a tile staged in shared memory, one cp.async.bulk a slot, four geometries at
    632-699 us eager and 649-716 us graph in runs 24 and 25 against 630 / 631 for 2 units a
-   thread; the padding blocks launched first, 631-641 / 701-707 us in run 25.)
-3. sf rows: a row-major x_sf is one more call of the row kernel (it is a
-   (T, G) matrix like x).  A TMA-aligned column-major x_sf goes through a
+   thread; the padding blocks launched first, 631-641 / 701-707 us in run 25; the gather asking
+   for 12 or 16 CTAs an SM, 623.3 and 1112.1 us graph in run 48 against 600.7, the registers
+   spilled.)
+   What the 16-byte kernel ships instead (EXPAND_SHIPPED) is the gather, steps 2a-2b.
+2a. the order kernel, a CTA a chunk of ORDER_SLOTS // K tokens: each pair with a row
+   becomes (pos << 32) + token, counted into its position bucket (ceil(N / ORDER_SLOTS) rows)
+   with shared-memory atomics; a scan of the counts places the chunk's pairs in bucket order,
+   -1 after them.  It sets row_src too, so the map kernel is not launched.
+2b. the gather kernel: padding blocks first (8 rows each, zeroing those with row_src < 0),
+   then a CTA a slot of the order, which loads its token's whole row (7 units a thread) and
+   stores it to its row.  CTAs that run together then write neighbouring rows of a few
+   experts instead of one row in each of 256, and a source row's K loads fall within its
+   chunk; the loads ask L2 to keep x (evict_last), the stores to let out go first
+   (evict_first).  scripts/write_rate.cu measured the pattern (H200 runs 35-41: 3.87-3.90
+   TB/s against 3.61-3.68 for the row kernel's); graph replay in H200 run 48 (fef8b5a): 601.1
+   us in tkverify bench, 93% of copy, and 600.7 us in benchmarks/tune.py against 631.7 us for
+   the row kernel of 2 units a thread.
+   The order inside a bucket is the atomics' and may change from call to call: it decides
+   which CTA writes a row when, never a byte.
+3. sf rows: a row-major x_sf is one more call of the row kernel, or of the gather (with the
+   same order) where its rows are 16-byte units (it is a (T, G) matrix like x).  A TMA-aligned column-major x_sf goes through a
    gather kernel that walks out_sf's storage in order (coalesced stores):
    out_sf[r, g] = x_sf[row_src[r], g], zero bits for padding rows and for the
    alignment rows between N and the padded column length.
@@ -675,7 +692,6 @@ class ExpandConfig(NamedTuple):
     # gather: x loaded with L2 evict_last and out stored with L2 evict_first hints
     streaming: bool = False
     pad_rows: int = PAD_ROWS  # gather: rows a padding block checks (the row kernels check PAD_ROWS)
-    ctas_per_sm: int = 0  # gather: CTAs an SM asked for through the launch bounds (0: none asked)
 
 
 EXPAND_CONFIGS = (
@@ -716,9 +732,6 @@ EXPAND_TUNE_CONFIGS = (
     ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=8),
     ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=4),
     ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=16),
-    # more CTAs resident (52 registers a thread allow 9 an SM): more rows' loads in flight
-    ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=8, ctas_per_sm=12),
-    ExpandConfig("gather", 16, threads=128, units=7, streaming=True, pad_rows=8, ctas_per_sm=16),
 )
 # The row kernel ships a tuning candidate where one was faster with the same bits: the base configuration
 # of a unit -> the one used.  16-byte units: the gather with L2 hints and padding blocks of 8 rows, H200
@@ -1026,8 +1039,6 @@ def _build_expand_gather(config: ExpandConfig):
         pad_blocks = T.ceildiv(T.Cast("int64", num_rows), pad_rows) * tiles
         with T.Kernel(num_blocks, threads=threads,
                       prelude=_tilelang.L2_HINTS_PRELUDE if hinted else None) as block:
-            if config.ctas_per_sm:
-                T.annotate_min_blocks_per_sm(config.ctas_per_sm)
             tx = T.get_thread_binding()
             logical = T.alloc_var("int64", init=block_offset + block)
             unit_bits = T.alloc_local((units * 4,), "int32")
