@@ -958,7 +958,9 @@ def _build_expand_order():
                         bucket[h] = T.truncdiv(token_topk_to_pos[pair], bucket_rows)
                         rank[h] = T.atomic_add(first[bucket[h]], 1, return_prev=True)
             T.sync_threads()
-            # Exclusive scan of the counts: thread tx owns buckets 2 tx and 2 tx + 1.
+            # Exclusive scan of the counts: thread tx owns buckets 2 tx and 2 tx + 1.  The warp scans are
+            # written out three times: a T.macro that assigns to a var it is passed rebinds the name instead
+            # of storing to it (seen in the lowered CUDA), and the scan would be lost.
             scan = first[2 * tx] + first[2 * tx + 1]
             for d in T.unroll(5):
                 up = T.shfl_up(scan, T.shift_left(1, d))

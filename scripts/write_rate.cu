@@ -19,12 +19,19 @@
 //               fanout8), "experts" the layout expand_to_fused writes (8 distinct experts of 256 a row at
 //               random, rows in (row, slot) order inside each expert's segment, no padding), "shuffled" a
 //               random permutation of the 8 R rows.  Does scattering the rows cost, or the row kernel?
+//   w8-*, fanout8-*, fanout8c*, fanout8free, fanout8l1, fanout8na, fanout8tma, fanout8pf*, fanout8q-*, w8q-*
+//               what costs a unit read once and written 8 times (H200 runs 35-38): 8 write streams with no reads,
+//               powers of two apart or not; sources kept in L2 or L1; stores that do not wait for the load; loads
+//               skipping L1 or made by TMA; the source prefetched to L2 in bursts; persistent CTAs taking work in
+//               order with loads 1-4 deep.  rows8u*, rows8q-*, rows8tma*, rows8l2-*: the same questions for rows8
 //   gather8-*   the "experts" layout written the other way round: a CTA per destination row, which reads its
 //               source row (7 units a thread, loads before stores), CTAs in the order named: "dst" position
 //               order (one sequential write stream; each source row read 8 times, far apart), "src" the
 //               rows8 order (row by row), "chunkC" chunk-major (C source rows at a time, their destination
 //               rows in position order: within a chunk, one run of rows an expert, and a source row's 8
 //               reads close together, from L2 once its chunk is in it).  Can the write order beat rows8?
+//               gather8keep-*, gather8pass-*, gather8keeppass-*: with L2 hints, loads evict_last (a source row
+//               stays for its 8 reads) and stores evict_first (run 39: chunk-major with both, 3.90 TB/s)
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <cstdio>
@@ -513,6 +520,23 @@ static void line(const char* what, int grid, int threads, double bytes, double u
   std::printf("%-10s grid %6d x %4d  %9.1f us  %6.3f TB/s\n", what, grid, threads, us, bytes / us / 1e6);
 }
 
+// The rows8 layout `table` checked in b after a kernel wrote it: the 8 destination rows of sampled source rows
+// of a hold them.
+static void rows8_check(const char* what, const std::vector<int>& table, const uint4* a, const uint4* b, int rows,
+                        int row_units) {
+  CHECK(cudaDeviceSynchronize());
+  std::vector<uint4> got(row_units), want(row_units);
+  size_t wrong = 0, checked = 0;
+  for (int r = 0; r < rows; r += 1021)
+    for (int j = 0; j < 8; ++j, ++checked) {
+      CHECK(cudaMemcpy(got.data(), b + (size_t)table[8 * (size_t)r + j] * row_units, row_units * 16,
+                       cudaMemcpyDeviceToHost));
+      CHECK(cudaMemcpy(want.data(), a + (size_t)r * row_units, row_units * 16, cudaMemcpyDeviceToHost));
+      wrong += std::memcmp(got.data(), want.data(), row_units * 16) != 0;
+    }
+  std::printf("# %s check: %zu wrong rows of %zu sampled\n", what, wrong, checked);
+}
+
 int main(int argc, char** argv) {
   size_t mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 2048;
   size_t bytes = mib << 20, n = bytes / 16;
@@ -689,17 +713,7 @@ int main(int argc, char** argv) {
         CHECK(cudaMemset(b, 0, bytes));
         CHECK(cudaMemset(counter, 0, 4));
         rows8q<4><<<sms * 16, tile>>>((const uint4*)a, (uint4*)b, dst, row_units, rows, counter);
-        CHECK(cudaDeviceSynchronize());
-        std::vector<uint4> got(row_units), want(row_units);
-        size_t wrong = 0, checked = 0;
-        for (int r = 0; r < rows; r += 1021)
-          for (int j = 0; j < 8; ++j, ++checked) {
-            CHECK(cudaMemcpy(got.data(), (uint4*)b + (size_t)table[8 * (size_t)r + j] * row_units, row_units * 16,
-                             cudaMemcpyDeviceToHost));
-            CHECK(cudaMemcpy(want.data(), (uint4*)a + (size_t)r * row_units, row_units * 16, cudaMemcpyDeviceToHost));
-            wrong += std::memcmp(got.data(), want.data(), row_units * 16) != 0;
-          }
-        std::printf("# rows8q check: %zu wrong rows of %zu sampled\n", wrong, checked);
+        rows8_check("rows8q", table, (const uint4*)a, (const uint4*)b, rows, row_units);
         CHECK(cudaFree(counter));
       }
       if (layout[0] == 'e') {  // the tile loaded by TMA
@@ -713,17 +727,7 @@ int main(int argc, char** argv) {
         }
         CHECK(cudaMemset(b, 0, bytes));
         rows8tma<2><<<rows * 4, tile, 2 * tile * 16>>>((const uint4*)a, (uint4*)b, dst, row_units);
-        CHECK(cudaDeviceSynchronize());
-        std::vector<uint4> got(row_units), want(row_units);
-        size_t wrong = 0, checked = 0;
-        for (int r = 0; r < rows; r += 1021)
-          for (int j = 0; j < 8; ++j, ++checked) {
-            CHECK(cudaMemcpy(got.data(), (uint4*)b + (size_t)table[8 * (size_t)r + j] * row_units, row_units * 16,
-                             cudaMemcpyDeviceToHost));
-            CHECK(cudaMemcpy(want.data(), (uint4*)a + (size_t)r * row_units, row_units * 16, cudaMemcpyDeviceToHost));
-            wrong += std::memcmp(got.data(), want.data(), row_units * 16) != 0;
-          }
-        std::printf("# rows8tma2 check: %zu wrong rows of %zu sampled\n", wrong, checked);
+        rows8_check("rows8tma2", table, (const uint4*)a, (const uint4*)b, rows, row_units);
       }
       std::snprintf(what, sizeof what, "rows8l2-%s", layout);  // the source's first 512 rows (7 MiB), in L2
       line(what, grid, tile, 9.0 * rows * row_units * 16,
