@@ -121,8 +121,8 @@ Moving bits, as raw integers:
    The order inside a bucket is the atomics' and may change from call to call: it decides
    which CTA writes a row when, never a byte.
 3. sf rows: a row-major x_sf is one more call of the row kernel, or of the gather (with the
-   same order) where its rows are 16-byte units (it is a (T, G) matrix like x).  A TMA-aligned column-major x_sf goes through a
-   gather kernel that walks out_sf's storage in order (coalesced stores):
+   same order) where its rows are 16-byte units (it is a (T, G) matrix like x).  A TMA-aligned
+   column-major x_sf goes through a gather kernel that walks out_sf's storage in order (coalesced stores):
    out_sf[r, g] = x_sf[row_src[r], g], zero bits for padding rows and for the
    alignment rows between N and the padded column length.
    Static configuration: the sf element width (1 or 4 bytes).
@@ -678,7 +678,7 @@ SF_THREADS = 256
 EXPAND_UNITS = (16, 4, 2, 1)  # bytes moved per thread access
 
 
-ORDER_SLOTS = 2048  # pairs whose rows the gather writes in position order: a chunk of ORDER_SLOTS // K tokens
+ORDER_SLOTS = 2048  # pairs whose rows the gather writes in position-bucket order: a chunk of ORDER_SLOTS // K tokens
 ORDER_THREADS = 1024
 
 
@@ -722,7 +722,7 @@ EXPAND_TUNE_CONFIGS = (
     ExpandConfig("rows", 16, threads=448, units=2),
     # the shipped 2 units a thread with evict-first stores (runs 23/24: evict-first 633-637 us eager)
     ExpandConfig("rows", 16, units=2, streaming=True),
-    # The gather: a CTA a destination row, in chunk-major position order (the "order" kernel), so that
+    # The gather: a CTA a destination row, chunk-major in position-bucket order (the "order" kernel), so that
     # CTAs running together write neighbouring rows of few experts, not one row in each of 256; a source
     # row's 8 reads then fall within its chunk, and the L2 hints keep it there (scripts/write_rate.cu's
     # gather8keeppass, H200 run 39: 3.90 TB/s against 3.68 for the row kernel's pattern)
@@ -1014,7 +1014,8 @@ def _build_expand_gather(config: ExpandConfig):
     @T.macro
     def load(unit_bits, j, x, token, u):
         if hinted:
-            T.call_extern("handle", _tilelang.LOAD16_KEEP, T.address_of(unit_bits[j * 4]), T.address_of(x[token, u * 4]))
+            T.call_extern("handle", _tilelang.LOAD16_KEEP, T.address_of(unit_bits[j * 4]),
+                          T.address_of(x[token, u * 4]))
         else:
             for v in T.vectorized(4):
                 unit_bits[j * 4 + v] = x[token, u * 4 + v]
@@ -1022,7 +1023,8 @@ def _build_expand_gather(config: ExpandConfig):
     @T.macro
     def store(out, row, u, unit_bits, j):
         if hinted:
-            T.call_extern("handle", _tilelang.STORE16_PASS, T.address_of(out[row, u * 4]), T.address_of(unit_bits[j * 4]))
+            T.call_extern("handle", _tilelang.STORE16_PASS, T.address_of(out[row, u * 4]),
+                          T.address_of(unit_bits[j * 4]))
         else:
             for v in T.vectorized(4):
                 out[row, u * 4 + v] = unit_bits[j * 4 + v]
@@ -1175,8 +1177,8 @@ def _expand_rows(src: torch.Tensor, token_topk_to_pos: torch.Tensor, row_src: to
 
 
 def _expand_order(token_topk_to_pos: torch.Tensor, row_src: torch.Tensor, target) -> torch.Tensor:
-    """The gather's order: (chunks * ORDER_SLOTS,) int64 (pos << 32) + token, sorted by position in each
-    chunk of ORDER_SLOTS // K tokens, -1 for empty slots.  Sets row_src as the map kernel does."""
+    """The gather's order: (chunks * ORDER_SLOTS,) int64 (pos << 32) + token, in position-bucket order in
+    each chunk of ORDER_SLOTS // K tokens, -1 for empty slots.  Sets row_src as the map kernel does."""
     num_tokens, k = token_topk_to_pos.shape
     chunk_tokens = ORDER_SLOTS // k
     num_chunks = _ceildiv(num_tokens, chunk_tokens)

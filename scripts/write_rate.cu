@@ -106,17 +106,6 @@ __global__ void fanout8(const uint4* __restrict__ s, uint4* __restrict__ d, size
   }
 }
 
-// Row r of `units` 16-byte units, read once and written to rows dst[8 r + j]; CTA (row, tile of blockDim).
-__global__ void rows8(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst, int units) {
-  int tiles = (units + blockDim.x - 1) / blockDim.x;
-  size_t row = blockIdx.x / tiles;
-  int u = (blockIdx.x % tiles) * blockDim.x + threadIdx.x;
-  if (u >= units) return;
-  uint4 v = s[row * units + u];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) d[(size_t)dst[row * 8 + j] * units + u] = v;
-}
-
 // The read/write mix, one unit a thread.  Write-only: unit i of the noise written to 8 places `stride`
 // units apart (8 write streams, no reads).
 __global__ void w8(uint4* __restrict__ d, size_t n8, size_t stride, unsigned salt) {
@@ -262,8 +251,9 @@ __global__ void rows8q(const uint4* __restrict__ s, uint4* __restrict__ d, const
   }
 }
 
-// rows8 with UNITS tiles of a row a CTA (one-shot), all loaded before the first store: our shipped kernel's shape.
-// PASS: stores with the L2 evict_first policy (as gather8h's).
+// Row r of `units` 16-byte units, read once and written to rows dst[8 r + j]; CTA (row, tile of UNITS blockDim
+// units), all loaded before the first store.  rows8u<1> is rows8 (a unit a thread), rows8u<2> the row kernel
+// expand shipped until 838f763.  PASS: stores with the L2 evict_first policy (as gather8's HINT 2).
 template <int UNITS, bool PASS = false>
 __global__ void rows8u(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst, int units) {
   unsigned long long pass;
@@ -392,30 +382,12 @@ __global__ void fanout8pf(const uint4* __restrict__ s, uint4* __restrict__ d, si
   }
 }
 
-// CTA i copies source row src[i] to destination row dst[i], `units` 16-byte units, loads before stores.
-template <int PER_THREAD>
+// CTA i copies source row src[i] to destination row dst[i], `units` 16-byte units, loads before stores.  With
+// L2 hints: loads kept (evict_last) so that a chunk's source rows stay in L2 for their 8 reads, stores passed
+// through (evict_first) so that they do not push the source out.  HINT bit 0: loads, bit 1: stores.
+template <int PER_THREAD, int HINT = 0>
 __global__ void gather8(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst,
                         const int* __restrict__ src, int units) {
-  const uint4* from = s + (size_t)src[blockIdx.x] * units;
-  uint4* to = d + (size_t)dst[blockIdx.x] * units;
-  uint4 v[PER_THREAD];
-#pragma unroll
-  for (int k = 0; k < PER_THREAD; ++k) {
-    int u = k * blockDim.x + threadIdx.x;
-    if (u < units) v[k] = from[u];
-  }
-#pragma unroll
-  for (int k = 0; k < PER_THREAD; ++k) {
-    int u = k * blockDim.x + threadIdx.x;
-    if (u < units) to[u] = v[k];
-  }
-}
-
-// gather8 with L2 hints: loads kept (evict_last) so that a chunk's source rows stay in L2 for their 8 reads,
-// stores passed through (evict_first) so that they do not push the source out.  HINT bit 0: loads, bit 1: stores.
-template <int PER_THREAD, int HINT>
-__global__ void gather8h(const uint4* __restrict__ s, uint4* __restrict__ d, const int* __restrict__ dst,
-                         const int* __restrict__ src, int units) {
   const uint4* from = s + (size_t)src[blockIdx.x] * units;
   uint4* to = d + (size_t)dst[blockIdx.x] * units;
   unsigned long long keep, pass;
@@ -685,7 +657,7 @@ int main(int argc, char** argv) {
       std::snprintf(what, sizeof what, "rows8-%s", layout);
       int grid = rows * ((row_units + tile - 1) / tile);
       line(what, grid, tile, 9.0 * rows * row_units * 16,
-           median_us([&] { rows8<<<grid, tile>>>((const uint4*)a, (uint4*)b, dst, row_units); }));
+           median_us([&] { rows8u<1><<<grid, tile>>>((const uint4*)a, (uint4*)b, dst, row_units); }));
       if (layout[0] == 'e') {  // the shipped kernel's shape, and the queued pipeline, on expand's layout
         int grid2 = rows * ((row_units + 2 * tile - 1) / (2 * tile));
         line("rows8u2-experts", grid2, tile, 9.0 * rows * row_units * 16,
@@ -755,7 +727,7 @@ int main(int argc, char** argv) {
       int grid = (int)table.size();
       char what[40];
       const char* hints[] = {"", "keep", "pass", "keeppass"};
-      auto kernels = {gather8h<7, 1>, gather8h<7, 2>, gather8h<7, 3>};
+      auto kernels = {gather8<7, 1>, gather8<7, 2>, gather8<7, 3>};
       int h = 1;
       for (auto kernel : kernels) {
         std::snprintf(what, sizeof what, "gather8%s-%s", hints[h++], order);
