@@ -20,7 +20,10 @@ leaves out; but in H200 run 23 the replays of six of our kernels (mhc.post,
 expand_to_fused, reduce_fused, cast_back, the block and e2m1 casts) ran
 5-11% slower than their eager calls, while Nsight Compute's own kernel
 durations matched the eager times (post 497 us: eager 501, replay 555;
-expand 648: 662 and 720; reduce 474: 482 and 532).
+expand 648: 662 and 720; reduce 474: 482 and 532).  Those gaps are the size
+of the slow reps that the L2 flush by writing caused (see `l2_flusher`);
+since the flush reads (run 53), expand's and reduce's replays are within
+1 us of or below their eager calls.
 
 The timing needs CUDA; everything else here (selecting ops, ratios, merging
 runs, the markdown) is plain Python and tested on CPU.
@@ -41,19 +44,35 @@ import torch
 from tkverify import ncu
 from tkverify.registry import Unsupported
 
-_L2_FLUSH_BYTES = 256 * 2**20  # larger than the H200's 60 MB L2
+L2_FLUSH_BYTES = 256 * 2**20  # larger than the H200's 60 MB L2
+
+
+def l2_flusher() -> Callable[[], None]:
+    """A call that evicts L2 by reading L2_FLUSH_BYTES of a buffer of its own (a sum).
+
+    Reading, not writing: a flush that writes (the bench's until 2026-11-30, a
+    256 MiB zero_) leaves L2 full of dirty lines, and on the H200 some of the
+    memory-bound calls timed right after it took one flush's time longer
+    (about 60 us): expand_to_fused's reps were bimodal, 600 and 663 us, and
+    the median of 30 landed on either (runs 47-49: 601 to 660 us at the same
+    kernels; reduce_fused 488 and 534).  Flushed by reading, or by writing and
+    then sleeping 2 ms, the slow reps are gone (runs 52-53, scripts/time_spread.py).
+    """
+    flush = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device="cuda")
+    sink = torch.empty((), dtype=torch.int64, device="cuda")
+    return lambda: torch.sum(flush, dim=0, out=sink)
 
 
 def median_time_s(fn: Callable[[], object], *, warmup: int = 5, reps: int = 30, flush_l2: bool = True) -> float:
     """Median seconds of `fn()` over `reps` runs, each timed by CUDA events, L2 flushed between."""
-    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda") if flush_l2 else None
+    flush = l2_flusher() if flush_l2 else None
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         if flush is not None:
-            flush.zero_()
+            flush()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -396,8 +415,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
                      + ", ".join(f"{k} {v[k]}" for k in sorted(v) if v[k]))
     lines += [f"- copy bandwidth {doc['copy_bandwidth_TBps']:.3f} TB/s (read + write), write-only "
               f"{_fmt(doc.get('write_bandwidth_TBps'), '.3f')} TB/s", "- time: median of CUDA-event times, "
-              "L2 flushed; kernel: the same call replayed from a CUDA graph (no host work). Bandwidth, ratios and "
-              "verdicts use the smaller of the two: each bounds the device time from above."]
+              "L2 flushed by reading 256 MiB; kernel: the same call replayed from a CUDA graph (no host work). "
+              "Bandwidth, ratios and verdicts use the smaller of the two: each bounds the device time from above."]
     if doc.get("counters"):
         c = doc["counters"]
         lines.append(f"- counters: Nsight Compute of {c['rows']} {c['impl']} rows (`{c['dir']}`, one process a shape, "
