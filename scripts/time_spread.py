@@ -6,15 +6,18 @@ H200 runs 47-49 timed expand_to_fused at 601 to 660 us (graph replay) with the s
 process's reps were bimodal: most near 600 us, some near 663 (reduce_fused: 488 and 534), after the bench
 flushed L2 by writing 256 MiB.  For each op named (default: expand_to_fused, reduce_fused, and two ops whose
 inputs fit in L2) at its bench shape, replayed from a CUDA graph, and for a 2 GiB copy, this prints the
-spread of `--reps` CUDA-event times under four ways to start a rep: flushing L2 by writing (the bench
-before 2026-11-30), by reading (the bench since), by writing and then sleeping `--sleep-ms` on the GPU, and
-no flush.  An op whose inputs fit in L2 shows whether a way of flushing evicts them.
+spread of `--reps` CUDA-event times under five ways to start a rep: flushing L2 by writing (the bench
+before 2026-11-30), by reading (the bench since), either followed by a `--sleep-ms` GPU sleep (time for
+write-backs to drain, and for the host to queue the replay before the GPU reaches the start event), and no
+flush; and how long the host takes to launch a replay.  An op whose inputs fit in L2 shows whether a way
+of flushing evicts them.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 import torch
 
@@ -38,21 +41,24 @@ def graphed(fn) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def rep_times_us(replay, before, reps: int) -> list[float]:
-    """CUDA-event microseconds of each of `reps` replays, `before()` queued ahead of each, untimed."""
+def rep_times_us(replay, before, reps: int) -> tuple[list[float], list[float]]:
+    """CUDA-event microseconds of each of `reps` replays, `before()` queued ahead of each, untimed;
+    and the host microseconds each `replay()` call took to return (its launch)."""
     for _ in range(3):
         replay()
     torch.cuda.synchronize()
-    times = []
+    times, host = [], []
     for _ in range(reps):
         before()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        t = time.perf_counter()
         replay()
+        host.append((time.perf_counter() - t) * 1e6)
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop) * 1e3)
-    return times
+    return times, host
 
 
 def spread(times: list[float]) -> str:
@@ -86,16 +92,18 @@ def main() -> int:
     cycles = int(args.sleep_ms * 1.98e6)  # the H200's SM clock under load, 1980 MHz
     starts = {
         "flush by writing": written.zero_,
-        "flush by reading (the bench)": bench.l2_flusher(),
+        "flush by reading (the bench)": (read := bench.l2_flusher()),
         f"flush by writing, {args.sleep_ms} ms sleep": lambda: (written.zero_(), torch.cuda._sleep(cycles)),
+        f"flush by reading, {args.sleep_ms} ms sleep": lambda: (read(), torch.cuda._sleep(cycles)),
         "no flush": lambda: None,
     }
     for name, fn, nbytes in calls(args.ops, device):
         graph = graphed(fn)
         for start_name, before in starts.items():
-            times = rep_times_us(graph.replay, before, args.reps)
+            times, host = rep_times_us(graph.replay, before, args.reps)
             rate = nbytes / statistics.median(times) / 1e6
-            print(f"{name:22s} {start_name:34s} {spread(times)}  at the median {rate:.3f} TB/s", flush=True)
+            print(f"{name:22s} {start_name:34s} {spread(times)}  at the median {rate:.3f} TB/s; "
+                  f"replay() returns in {statistics.median(host):.1f} us (max {max(host):.1f})", flush=True)
         del graph
     return 0
 

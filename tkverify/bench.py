@@ -20,10 +20,11 @@ leaves out; but in H200 run 23 the replays of six of our kernels (mhc.post,
 expand_to_fused, reduce_fused, cast_back, the block and e2m1 casts) ran
 5-11% slower than their eager calls, while Nsight Compute's own kernel
 durations matched the eager times (post 497 us: eager 501, replay 555;
-expand 648: 662 and 720; reduce 474: 482 and 532).  Those gaps are the size
-of the slow reps that the L2 flush by writing caused (see `l2_flusher`);
-since the flush reads (run 53), expand's and reduce's replays are within
-1 us of or below their eager calls.
+expand 648: 662 and 720; reduce 474: 482 and 532).  Those gaps are about
+one L2 flush's time, like the slow reps after the flush by writing (see
+`l2_flusher`); with the flush by reading, run 54 still had replays of post,
+expand and reduce 51-53 us above their eager calls, run 55 none.  The cause
+is not found (docs/DECISIONS.md, session 12).
 
 The timing needs CUDA; everything else here (selecting ops, ratios, merging
 runs, the markdown) is plain Python and tested on CPU.
@@ -50,13 +51,17 @@ L2_FLUSH_BYTES = 256 * 2**20  # larger than the H200's 60 MB L2
 def l2_flusher() -> Callable[[], None]:
     """A call that evicts L2 by reading L2_FLUSH_BYTES of a buffer of its own (a sum).
 
+    256 MiB of reads replace the H200's L2 several times over; that they evict
+    as a write would is reasoned, not measured (docs/DECISIONS.md, session 12).
+
     Reading, not writing: a flush that writes (the bench's until 2026-11-30, a
     256 MiB zero_) leaves L2 full of dirty lines, and on the H200 some of the
     memory-bound calls timed right after it took one flush's time longer
     (about 60 us): expand_to_fused's reps were bimodal, 600 and 663 us, and
     the median of 30 landed on either (runs 47-49: 601 to 660 us at the same
     kernels; reduce_fused 488 and 534).  Flushed by reading, or by writing and
-    then sleeping 2 ms, the slow reps are gone (runs 52-53, scripts/time_spread.py).
+    then sleeping 2 ms, no rep was slow in scripts/time_spread.py's runs 52, 53
+    and 55; the bench's own run 54 still had slow replays (module docstring).
     """
     flush = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device="cuda")
     sink = torch.empty((), dtype=torch.int64, device="cuda")
