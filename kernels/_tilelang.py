@@ -3,8 +3,8 @@
 - `tl()` / `T()`: tilelang and tilelang.language, imported on first use only.
 - `KernelDef` and `kernel_defs()`: the registry of kernels and their static
   configurations (names listed in `kernels.KERNELS`).
-- Targets: `target_for(device)` for running, `SM90` for lowering and
-  precompiling.  A kernel compiled here for `SM90` lands in tilelang's disk
+- Targets: `cuda_target(arch)` builds every target dict; `target_for(device)`
+  for running, `SM90` for lowering and precompiling.  A kernel compiled here for `SM90` lands in tilelang's disk
   cache (``TILELANG_CACHE_DIR``) under a key that includes the target dict, so
   the run-time target must be the same dict for the cache to be hit.
 - `compiled_kernel`: an in-process cache of compiled kernels per
@@ -29,7 +29,13 @@ from typing import Any
 
 import torch
 
-SM90 = {"kind": "cuda", "arch": "sm_90"}
+def cuda_target(arch: str) -> dict[str, str]:
+    """The tilelang target dict for a CUDA arch.  Built here only: it is part of tilelang's disk-cache key,
+    so precompiling and running must build it identically for the cache to be hit."""
+    return {"kind": "cuda", "arch": arch}
+
+
+SM90 = cuda_target("sm_90")
 
 # Dimensions are bound to int32 symbolic sizes inside the kernels, and tile
 # arithmetic rounds them up to a whole tile: keep that headroom below 2**31.
@@ -98,7 +104,7 @@ def kernel_defs() -> dict[str, KernelDef]:
 
 def target_for(device: torch.device) -> dict[str, str]:
     """The tilelang target for a CUDA device, e.g. {"kind": "cuda", "arch": "sm_90"}."""
-    return {"kind": "cuda", "arch": _arch(device.index if device.index is not None else torch.cuda.current_device())}
+    return cuda_target(_arch(device.index if device.index is not None else torch.cuda.current_device()))
 
 
 @functools.lru_cache(maxsize=None)
@@ -203,12 +209,9 @@ def global_function_name(func) -> str:
 
 
 def _compile(kernel: KernelDef, config: Hashable, arch: str):
-    # The target dict must be built identically everywhere (precompile and
-    # run time): it is part of tilelang's disk-cache key.
-    target = {"kind": "cuda", "arch": arch}
     func = kernel.build(config)
     with _compile_lock(kernel.name, config, arch):
-        return tl().compile(func, target=target)
+        return tl().compile(func, target=cuda_target(arch))
 
 
 @contextlib.contextmanager

@@ -46,7 +46,7 @@ def _lower(kernel, config) -> str:
 
 
 def _compile(kernel, config, arch: str = "sm_90") -> str:
-    compiled = _tilelang.compiled_kernel(kernel, config, {"kind": "cuda", "arch": arch})
+    compiled = _tilelang.compiled_kernel(kernel, config, _tilelang.cuda_target(arch))
     return f"cache {getattr(compiled, '_tilelang_cache_path', None) or '(none)'}"
 
 

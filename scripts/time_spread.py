@@ -26,41 +26,6 @@ from tkverify import bench, registry
 DEFAULT_OPS = ("moe.expand_to_fused", "moe.reduce_fused", "moe.topk_gate", "moe.normalize_weight")
 
 
-def graphed(fn) -> torch.cuda.CUDAGraph:
-    """fn captured into a CUDA graph (its replay launches no host work)."""
-    fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
-def rep_times_us(replay, before, reps: int) -> tuple[list[float], list[float]]:
-    """CUDA-event microseconds of each of `reps` replays, `before()` queued ahead of each, untimed;
-    and the host microseconds each `replay()` call took to return (its launch)."""
-    for _ in range(3):
-        replay()
-    torch.cuda.synchronize()
-    times, host = [], []
-    for _ in range(reps):
-        before()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        t = time.perf_counter()
-        replay()
-        host.append((time.perf_counter() - t) * 1e6)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3)
-    return times, host
-
-
 def spread(times: list[float]) -> str:
     q = statistics.quantiles(times, n=10)
     return (f"min {min(times):7.1f}  p10 {q[0]:7.1f}  median {statistics.median(times):7.1f}  "
@@ -98,12 +63,22 @@ def main() -> int:
         "no flush": lambda: None,
     }
     for name, fn, nbytes in calls(args.ops, device):
-        graph = graphed(fn)
+        graph = bench.capture_graph(fn)
+        host = []  # microseconds each replay() call took to return to the host (its launch)
+
+        def replay():
+            t = time.perf_counter()
+            graph.replay()
+            host.append((time.perf_counter() - t) * 1e6)
+
         for start_name, before in starts.items():
-            times, host = rep_times_us(graph.replay, before, args.reps)
+            host.clear()
+            times = [t * 1e6 for t in bench.rep_times_s(replay, before=before, warmup=3, reps=args.reps)]
+            launches = host[-args.reps:]  # the timed reps', not the warm-up's
             rate = nbytes / statistics.median(times) / 1e6
             print(f"{name:22s} {start_name:34s} {spread(times)}  at the median {rate:.3f} TB/s; "
-                  f"replay() returns in {statistics.median(host):.1f} us (max {max(host):.1f})", flush=True)
+                  f"replay() returns in {statistics.median(launches):.1f} us (max {max(launches):.1f})",
+                  flush=True)
         del graph
     return 0
 

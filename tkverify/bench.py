@@ -68,27 +68,33 @@ def l2_flusher() -> Callable[[], None]:
     return lambda: torch.sum(flush, dim=0, out=sink)
 
 
-def median_time_s(fn: Callable[[], object], *, warmup: int = 5, reps: int = 30, flush_l2: bool = True) -> float:
-    """Median seconds of `fn()` over `reps` runs, each timed by CUDA events, L2 flushed between."""
-    flush = l2_flusher() if flush_l2 else None
+def rep_times_s(fn: Callable[[], object], *, before: Callable[[], object] | None = None, warmup: int = 5,
+                reps: int = 30) -> list[float]:
+    """Seconds of each of `reps` runs of `fn()`, timed by CUDA events; `before()` (an L2 flush) is queued
+    ahead of each run, untimed."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
-        if flush is not None:
-            flush()
+        if before is not None:
+            before()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop) / 1e3)
-    return statistics.median(times)
+    return times
 
 
-def graph_time_s(fn: Callable[[], object], *, reps: int = 30) -> float:
-    """Median device seconds of `fn()` replayed from a CUDA graph (no host work timed), L2 flushed.
+def median_time_s(fn: Callable[[], object], *, warmup: int = 5, reps: int = 30, flush_l2: bool = True) -> float:
+    """Median seconds of `fn()` over `reps` runs, each timed by CUDA events, L2 flushed between."""
+    return statistics.median(rep_times_s(fn, before=l2_flusher() if flush_l2 else None, warmup=warmup, reps=reps))
+
+
+def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """`fn()` captured into a CUDA graph, whose replay launches it with no host work.
 
     Raises whatever capture raises (a call that synchronises, or launches on
     another stream, cannot be captured).
@@ -103,7 +109,12 @@ def graph_time_s(fn: Callable[[], object], *, reps: int = 30) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return median_time_s(graph.replay, reps=reps)
+    return graph
+
+
+def graph_time_s(fn: Callable[[], object], *, reps: int = 30) -> float:
+    """Median device seconds of `fn()` replayed from a CUDA graph (no host work timed), L2 flushed."""
+    return median_time_s(capture_graph(fn).replay, reps=reps)
 
 
 def copy_bandwidth(nbytes: int = 2 * 2**30) -> float:

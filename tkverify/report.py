@@ -226,14 +226,10 @@ SPEED_HEADER = ["op", "impl", "examples", "wall s", "examples/s", "first call s"
 
 def _speed_cells(r: dict[str, Any]) -> list[str]:
     wall = r["wall_s"]
-
-    def share(seconds: float) -> str:
-        return f"{100 * seconds / wall:.0f}%" if wall > 0 else "-"
-
-    measured = sum(r[f"{p}_s"] for p in SPEED_PHASES)
+    shares = phase_split([r])
     rate = f"{r['examples'] / wall:.1f}" if wall > 0 else "-"
     return [r["op"], r["impl"], str(r["examples"]), f"{wall:.2f}", rate, f"{r['first_impl_s']:.2f}",
-            *(share(r[f"{p}_s"]) for p in SPEED_PHASES), share(max(wall - measured, 0.0))]
+            *(f"{100 * shares[p]:.0f}%" if shares else "-" for p in (*SPEED_PHASES, "other"))]
 
 
 def fuzzed_rows(speed: list[dict[str, Any]]) -> list[dict[str, Any]]:
