@@ -1,4 +1,4 @@
-"""TileLang GPU implementations of the operators described in OPS.md.
+"""TileLang GPU implementations of the operators that docs/contract/ defines.
 
 Each module holds one family (``kernels.moe``, ``kernels.transpose``): a thin
 PyTorch-facing wrapper that validates its arguments and picks a static

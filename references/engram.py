@@ -1,6 +1,6 @@
 """Float64 oracle of Engram gating: the forward and its backward derived by hand.
 
-The maths (OPS.md, "engram").  Per token t and head h (one *row* (t, h)), with
+The maths (docs/contract/engram.md#engram.gate).  Per token t and head h (one *row* (t, h)), with
 x, k of shape (T, hc, H), v (T, H), the fused weight w = wh * we (hc, H):
 
     rx = 1 / sqrt(mean_i x_i^2 + eps)           rk likewise for k
@@ -50,8 +50,6 @@ import math
 import torch
 
 from references import as_float64_tensor
-
-
 
 
 def _shapes(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]:

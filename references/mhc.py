@@ -4,7 +4,7 @@ three mix operators `pre_split_mixes`, `pre_apply_mix`, `post` (forward only).
 Sinkhorn
 --------
 
-The maths (OPS.md, "mhc"), on each (m, m) matrix of x (..., m, m):
+The maths (docs/contract/mhc.md#mhc.sinkhorn), on each (m, m) matrix of x (..., m, m):
 
     A = softmax(x, last axis) + eps                       (row softmax)
     P_1 = A / (column sums of A + eps)                    (step 1: columns)
@@ -27,14 +27,14 @@ forward recomputed from x.  `torch.autograd` is never called here; tests
 compare this against autograd of `sinkhorn` (which is written with plain
 differentiable torch operations so that it can be).
 
-Non-finite inputs (the contract, see tkverify/specs/mhc.py): a NaN or +inf in
+Non-finite inputs (the contract, docs/contract/mhc.md#mhc.sinkhorn): a NaN or +inf in
 a matrix, or a row of it that is all -inf, makes that whole matrix NaN (the
 softmax row turns NaN, and the first column normalisation spreads it to every
 column); a -inf entry in a row with a finite maximum is an ordinary softmax
 weight of 0.  Other matrices of the batch are unaffected.
 
-The mix operators (OPS.md "mhc")
---------------------------------
+The mix operators (docs/contract/mhc.md, "The mix operators")
+-------------------------------------------------------------
 With s the per-entry scale (scale[0] on entries [0, m), scale[1] on [m, 2m),
 scale[2] on [2m, m(m + 2))):
 
@@ -64,8 +64,6 @@ from references import as_float64, as_float64_tensor, exact_sum
 
 DEFAULT_REPEAT = 10
 DEFAULT_EPS = 1e-6
-
-
 
 
 def _check(x: torch.Tensor, repeat: int) -> None:

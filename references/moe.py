@@ -46,7 +46,7 @@ def topk_gate(scores: torch.Tensor | np.ndarray, k: int) -> np.ndarray:
 # the input's dtype holding the moved bits (so they compare bitwise, NaN
 # payloads included); sums and quotients are float64.
 
-# The constant normalize_weight adds to the sum of the weights (OPS.md).
+# The constant normalize_weight adds to the sum of the weights (docs/contract/moe.md#moe.normalize_weight).
 NORMALIZE_EPS = 1e-20
 
 # Integer views of each element width: rows are moved as raw bits.
@@ -282,7 +282,7 @@ def normalize_weight(topk_weights: torch.Tensor | np.ndarray) -> tuple[np.ndarra
         return denom, w / denom[:, None]
 
 
-# -- sf layouts (OPS.md "Scale factors") ------------------------------------------
+# -- sf layouts (docs/contract/quant.md#scale-factors) ----------------------------
 
 
 def store_tma_column_major(values: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Float64 oracles for the quantisation family (OPS.md: "Number formats", "Scale
-factors", "quant").
+"""Float64 oracles for the quantisation family (docs/contract/quant.md; the number
+formats: docs/contract/README.md).
 
 Every oracle is written from the maths, in float64 NumPy, and encodes with
 `tkverify.formats` (exact round-to-nearest-even, satfinite):
@@ -50,7 +50,7 @@ from tkverify import formats
 
 # Largest finite value of each element format: sf = a / max_q maps amax onto it.
 MAX_Q = {"e4m3": 448.0, "e2m1": 6.0, "e5m6": 65024.0}
-# clamp_min by format (OPS.md): 6 * 2^-126 makes the e2m1 sf at least the
+# clamp_min by format (docs/contract/quant.md#scale-factors): 6 * 2^-126 makes the e2m1 sf at least the
 # smallest normal fp32.
 DEFAULT_CLAMP_MIN = {"e4m3": 1e-4, "e5m6": 1e-4, "e2m1": 6 * 2.0**-126}
 DATA_FORMATS = tuple(MAX_Q)

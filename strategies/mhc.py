@@ -158,7 +158,8 @@ def sinkhorn_nonfinite_cases() -> SearchStrategy[Case]:
 #
 # Values: features planted in a subset of the (a, b) rows, each from its own random stream
 # so that shrinking one leaves the others alone.  Magnitudes are chosen so that no exact sum
-# overflows bf16 (the summation bound does not cover overflow): weights are at most 2 in
+# overflows bf16 (rounding to infinity there is a regression case instead,
+# tests/regressions/mhc.post-bf16-overflow-to-inf.json): weights are at most 2 in
 # magnitude, and wherever bf16's largest values are planted every weight of the row is scaled
 # by EXTREME_WEIGHT = 2^-5, so that each term is at most 2^-4 2^128 = 2^124 and the at most 9
 # terms of a sum stay below 2^127.2, short of bf16's largest value (~2^128).

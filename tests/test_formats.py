@@ -80,7 +80,7 @@ def independent_decode(fmt, codes):
         return codes.astype(np.uint8).view(ml_dtypes.float8_e5m2).astype(np.float64)
     if fmt is E2M1:
         return codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
-    if fmt is E5M6:  # OPS.md: code c is the fp16 with bits c << 4
+    if fmt is E5M6:  # docs/contract/README.md: code c is the fp16 with bits c << 4
         return (codes.astype(np.uint16) << 4).view(np.float16).astype(np.float64)
     if fmt is UE8M0:  # 2^(c - 127), 0xFF = NaN
         c = codes.astype(np.int64)
@@ -576,7 +576,7 @@ def test_pack_e2m1_nibble_order():
 
 def test_pack_e5m6_hand_worked_example():
     h = np.array([0x123, 0x456, 0x789, 0xABC, 0xDEF, 0x012, 0x345, 0x678], np.uint16)
-    # By hand from OPS.md's formulas (uint32 arithmetic):
+    # By hand from the contract's formulas (docs/contract/README.md; uint32 arithmetic):
     # w0 = 0x123<<20 | 0x456<<8 | 0x789>>4          = 0x12300000|0x45600|0x78  = 0x12345678
     # w1 = 0x789<<28 | 0xABC<<16 | 0xDEF<<4 | 0x012>>8 = 0x90000000|0xABC0000|0xDEF0|0 = 0x9ABCDEF0
     # w2 = 0x012<<24 | 0x345<<12 | 0x678            = 0x12000000|0x345000|0x678 = 0x12345678

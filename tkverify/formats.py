@@ -11,10 +11,11 @@ One piece of code serves all of them:
   exactly, in every range including subnormals.  It never goes through an
   intermediate format, so there is no double rounding.
 * ``ulp``, ``ulp_error``, ``ordinal`` and ``code_distance`` are the measures the
-  report uses (docs: OPS.md, "Number formats").
+  report uses (docs/contract/README.md, "ULPs and code distance").
 
-The formats (OPS.md): fp32, bf16, fp16, e4m3 (float8_e4m3fn), e5m2, e2m1 (fp4),
-e5m6 (the top 12 bits of an fp16) and ue8m0 (a bare exponent).
+The formats (docs/contract/README.md, "Number formats"): fp32, bf16, fp16, e4m3
+(float8_e4m3fn), e5m2, e2m1 (fp4), e5m6 (the top 12 bits of an fp16) and ue8m0
+(a bare exponent).
 
 Edge semantics of ``encode`` (``saturate=None`` means the format's default,
 ``Format.saturates``):
@@ -470,7 +471,7 @@ def to_tensor(codes: Any, fmt: Format | str, device: Any = None):
     return t if device is None else t.to(device)
 
 
-# -- packed storage (OPS.md) ---------------------------------------------------
+# -- packed storage (docs/contract/README.md, "Storage of the packed formats") --
 # Each function takes numpy arrays or torch tensors and returns the same kind
 # (a torch result lands on the input's device).
 
@@ -517,7 +518,7 @@ def unpack_e2m1(packed: Any):
 
 def pack_e5m6(codes: Any):
     """e5m6 codes (..., 8n) -> uint8 (..., 12n): each 8 codes h0..h7 as three
-    little-endian uint32 words (OPS.md)."""
+    little-endian uint32 words (docs/contract/README.md)."""
     a, back = _as_numpy(codes)
     h = _grouped(_check_width(a, 12, "pack_e5m6"), 8, "pack_e5m6").astype(np.uint32)
     h = [h[..., i] for i in range(8)]

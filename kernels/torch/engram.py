@@ -1,8 +1,10 @@
 """Eager PyTorch Engram gating, in working precision: bf16 in and out, fp32 maths.
 
-The signatures below are the contract of every implementation of the op, the
-TileLang kernels in ``kernels/engram.py`` included (they take and return the
-same tensors, and raise the same errors for the same bad arguments):
+The contract, what every implementation computes and refuses, is
+docs/contract/engram.md#engram.gate.  The signatures below are every
+implementation's, the TileLang kernels of ``kernels.engram`` included (they
+take and return the same tensors, and raise the same errors for the same bad
+arguments):
 
 ``engram_gate_fwd(x, k, v, w, eps=1e-6, clamp=1e-6) -> (out, d, g, rx, rk)``
     x, k   bf16 (T, hc, H), contiguous, on one device
@@ -11,7 +13,7 @@ same tensors, and raise the same errors for the same bad arguments):
     eps    float > 0 (finite), added to the mean of squares
     clamp  float > 0 (finite), the gate's clamp c
     out    bf16 (T, hc, H) = x + g v, computed in fp32 and rounded once
-    d, g, rx, rk  fp32 (T, hc): saved for the backward (OPS.md, "engram")
+    d, g, rx, rk  fp32 (T, hc): saved for the backward
 
 ``engram_gate_bwd(grad_out, x, k, v, w, d, g, rx, rk, eps=1e-6, clamp=1e-6)
 -> (grad_x, grad_k, grad_v, grad_w)``

@@ -1,7 +1,8 @@
 """Eager PyTorch mHC operators, in working precision (fp32): Sinkhorn and the three mix ops.
 
-The signatures below are the contract of every implementation of the ops, the
-TileLang kernels in ``kernels/mhc.py`` included (same tensors, same errors for
+The contract, what every implementation computes and refuses, is
+docs/contract/mhc.md.  The signatures below are every implementation's, the
+TileLang kernels of ``kernels.mhc`` included (same tensors, same errors for
 the same bad arguments: a TypeError or ValueError naming the argument):
 
 ``sinkhorn(x, repeat=10, eps=1e-6) -> P``
@@ -22,7 +23,7 @@ compute and return float64.  That is not part of the kernel contract: it lets
 tkverify's gradient consistency check differentiate this implementation's own
 formulas in float64.
 
-Maths (OPS.md "mhc", references/mhc.py): A = softmax(x) + eps; P = A / (column
+Maths (docs/contract/mhc.md#mhc.sinkhorn): A = softmax(x) + eps; P = A / (column
 sums + eps); repeat - 1 times P = P / (row sums + eps), P = P / (column sums +
 eps).  Backward of P' = P / D along an axis: (G - sum_axis(G P')) / D; of the
 softmax: s (G - sum_row(G s)).  NaN or +inf anywhere in a matrix (or a row
@@ -41,7 +42,7 @@ all -inf) makes the whole matrix NaN, as in the oracle.
     comb fp32 (a, b, m, m) = u[2m:] viewed row-major as (m, m)
     u may round once (an fma) or twice (a product, then a sum); sigmoid(+inf)
     = 1, sigmoid(-inf) = 0, NaN propagates (the judged error model:
-    tkverify/specs/mhc.py).
+    docs/contract/mhc.md#mhc.pre_split_mixes).
 
 ``pre_apply_mix(x, mix) -> out``
     x   bf16 (a, b, m, H), 2 <= m <= 8, H >= 1, contiguous

@@ -1,8 +1,8 @@
 """Eager PyTorch MoE routing operators, in working precision, on the inputs' device.
 
-The TileLang kernels in ``kernels/moe.py`` have exactly these names,
-signatures, return conventions and argument checks; the contract is OPS.md
-("moe") and the decisions written in ``tkverify/specs/moe.py``.
+The TileLang kernels of ``kernels.moe`` have exactly these names,
+signatures, return conventions and argument checks; the contract is
+docs/contract/moe.md.
 
 Signatures
 ----------
@@ -118,7 +118,7 @@ def topk_gate(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest scores per row, int64 (T, k), on scores' device.
 
     A stable descending sort: ties go to the lower index, NaN sorts above
-    +inf and -inf below every finite value, as OPS.md defines the operator.
+    +inf and -inf below every finite value (docs/contract/moe.md#moe.topk_gate).
     """
     _check_topk_gate_args(scores, k)
     # torch.sort's own NaN and signed-zero order differs by device: on CUDA

@@ -1,8 +1,8 @@
 """Eager PyTorch quantisation operators, in working precision (fp32 on the input's device).
 
-The TileLang kernels in ``kernels/quant.py`` have exactly these names and
-signatures; the contract is OPS.md ("Number formats", "Scale factors", "quant")
-and the decisions written in ``tkverify/specs/quant.py``.
+The TileLang kernels of ``kernels.quant`` have exactly these names and
+signatures; the contract is docs/contract/quant.md (the number formats and
+their storage: docs/contract/README.md).
 
 Signatures
 ----------
@@ -28,7 +28,7 @@ Tensors
 x          (T, H) bfloat16 or float32, contiguous (swiglu: (N, 2H)).
 data       e4m3: float8_e4m3fn (T, H); e2m1: int8 (T, H/2), the first element of
            each pair in the low nibble; e5m6: uint8 (T, 3H/2), each 8 codes as
-           three little-endian uint32 words (OPS.md).  Contiguous.
+           three little-endian uint32 words (docs/contract/README.md).  Contiguous.
 sf         logical (rows, cols) = (ceil(T/bm), H/bk) for blocks of bm x bk:
            per-token (1, num_per_channels), per-block (bm, bk), per-channel
            (num_per_tokens, 1).  Stored as float32 (plain or round_sf), uint8

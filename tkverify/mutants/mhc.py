@@ -1,4 +1,4 @@
-"""Mutants of the mHC operators (OPS.md "mhc"): Sinkhorn, post and pre_split_mixes.
+"""Mutants of the mHC operators (docs/contract/mhc.md): Sinkhorn, post and pre_split_mixes.
 
 The two mix-op mutants are models (any implementation, on perturbed inputs):
 "comb transposed" is post called with comb's (m, m) blocks transposed, which
@@ -6,13 +6,11 @@ is exactly an implementation that reads comb[n, i] for comb[i, n]; "scale[1]
 on comb" is pre_split_mixes called with scale = (scale[0], scale[1],
 scale[1]), exactly one that scales the comb block by the post block's scale.
 
-Sinkhorn (``sinkhorn(x, repeat=10, eps=1e-6)``):
-
-Declared before the mhc family exists, so that the catalogue says what is
-still to be checked: until "mhc.sinkhorn" is registered they are reported as
-"not applicable (op not registered)" and do not count.  "One iteration fewer"
-is a model of the contract (the implementation called with repeat - 1) and
-works for every implementation.  The other two are eager factories over the
+Sinkhorn (``sinkhorn(x, repeat=10, eps=1e-6)``) has three mutants.  Where
+"mhc.sinkhorn" is not registered they are reported as "not applicable (op not
+registered)" and do not count.  "One iteration fewer" is a model of the
+contract (the implementation called with repeat - 1) and works for every
+implementation.  The other two are eager factories over the
 steps of kernels/torch/mhc.py (``_forward`` with ``swapped=True``: every row
 normalisation done over columns and vice versa; ``_backward`` with ``skip``:
 one step of the reverse sweep left out); they have no model for compiled
@@ -26,7 +24,7 @@ from typing import Any, Callable
 
 from tkverify.mutants import Mutant
 
-DEFAULT_REPEAT = 10  # OPS.md
+DEFAULT_REPEAT = 10  # docs/contract/mhc.md#mhc.sinkhorn
 
 
 def one_iteration_fewer(sinkhorn: Callable[..., Any]) -> Callable[..., Any]:

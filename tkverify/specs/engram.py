@@ -1,110 +1,13 @@
-"""Engram gating (OPS.md, "engram"): the forward, its backward, and how both are judged.
+"""Engram gating: the forward, its backward, and how both are judged.
 
-Signatures (every implementation; the eager one is kernels/torch/engram.py):
-``engram_gate_fwd(x, k, v, w, eps, clamp) -> (out, d, g, rx, rk)`` and
-``engram_gate_bwd(grad_out, x, k, v, w, d, g, rx, rk, eps, clamp) ->
-(grad_x, grad_k, grad_v, grad_w)``; x, k, v, grad_out bf16, w fp32 (the fused
-wh * we), saved d, g, rx, rk fp32 (T, hc).
-
-Domain
-------
-Judged where an fp32 evaluation cannot overflow: |x|, |k| <= 2^40 and |w| <=
-2^32, so that sum x^2 <= 2^93 and sum |x w k| <= 2^125 for H <= 2^13; v
-anywhere in bf16 for the forward (out = x + g v may round to +-inf, which is
-then the correctly rounded value); the backward is judged on rows with
-sum_i |v_i| < 2^100 (gg = sum G v must not overflow fp32), the others get a
-zero cotangent (`mask`).  NaN and infinite inputs are outside the tested
-domain (the strategies draw none).  Beyond 2^40 an fp32 kernel that squares x
-directly overflows; the contract leaves that undefined rather than demand a
-scaled sum of squares.
-
-How each output is judged: an error analysis, evaluated per case
-------------------------------------------------------------------
-An implementation computes in fp32.  Model: every +, - and * is correctly
-rounded (relative error <= u = 2^-24); sqrt, rsqrt, exp, a reciprocal or a
-division each err by at most RHO = 2^-20 relative (8 ULP: IEEE sqrt and
-division, CUDA's rsqrtf and expf (2 ULP), approximate division; a fast
-__expf, whose error grows as 2 + 1.16 |a| ULP, stays inside only for |a| up to
-about 5 and is meant to be reported beyond); a sum of n terms in *any* order
-errs by at most gamma(n-1) * sum of |terms| (gamma(n) = n u / (1 - n u),
-Higham's bound: sequential, pairwise, blocked and atomic accumulation alike);
-a product of n factors in any order by gamma(n-1) relative plus TINY prod(1 +
-|f_i|), TINY = 2^-126: a partial product that underflows (or is flushed)
-loses up to TINY, which the remaining factors then scale (`product`); eps and
-clamp are rounded to fp32 (relative u).  The spec propagates these allowances
-through the op's formula with interval arithmetic in float64 (`Iv`), from the
-exact inputs, giving per element an interval that must contain the
-implementation's result; the policy `within` enforces it and the report
-measures ULPs against the exact float64 value.  Intervals handle the gate's
-edges without special cases: where the fp32 error of z could carry it across
-the clamp or across 0, the interval spans both sides and the element is
-legitimately ambiguous (the strategies plant such rows on purpose; the
-report's largest ULP errors for g and out come from them: at z ~ 0 the gate
-jumps by sigmoid(sqrt c) - sigmoid(-sqrt c) ~ sqrt(c) / 2).
-
-rx, rk (fp32): sum x^2 of bf16 squares (exact in fp32) has relative error <=
-    gamma(H); the mean (/H: <= 2 roundings), + eps (1 rounding, eps itself
-    rounded) add gamma(4): M = (m + eps)(1 +- gamma(H+4)) +- TINY; rx is rsqrt M
-    with 2 RHO: rx in [rsqrt(M_hi)(1 - 2 RHO), rsqrt(M_lo)(1 + 2 RHO)].  For
-    H = 64 that is about 4e-6 relative (30 ULP) worst case; the eager
-    implementation stays within 2 ULP.
-d (fp32): d = sum x w k, a dot product: |d_impl - d| <= gamma(H+1) sum |x w k|
-    + TINY sum (|x| + |w| + |k| + 2) (two rounded products per term, any
-    order).  A summation bound, not a relative one: where the terms cancel, d
-    may have no correct bits at all and still be right.
-g (fp32): z = d rx rk / sqrt(H) from those intervals (`product` of 4 factors
-    with the scale's 2 RHO); the gate G(z) = sigmoid(sign(z) sqrt(max(|z|, c)))
-    is non-decreasing in z (the jump at 0 included) and monotone in c, so g
-    lies in [G(z_lo), G(z_hi)] (extremes over c in fp32(c) +- u), with the
-    sqrt's RHO folded into a and 3 RHO + TINY for the sigmoid (exp, add,
-    reciprocal).  g therefore inherits d's summation bound: relative to |z| it
-    is gamma(H+1) times the row's condition sum |x w k| / |d|.
-out (bf16): the exact value x + g v rounded once.  An fp32 implementation
-    computes y = x + g_impl v with two roundings, then rounds y to bf16;
-    rounding is monotone, so out lies in [RN(y_lo), RN(y_hi)], y's interval
-    being x + [g_lo, g_hi] v widened by u |g v| + TINY (the product) and u (|x|
-    + |g v|) (the sum).  In ULPs of bf16: at most 0.5 + (|v| width(g) + 2^-23
-    (|x| + |g v|)) / ulp(out): 0.5 plus a few 2^-14 except where x + g v
-    cancels (out much smaller than |x|) or g is ambiguous (above); the
-    correctly rounded value itself always lies in the range.
-
-Gradients (the backward uses its own forward's saved d, g, rx, rk, each
-anywhere in the forward's intervals above), per row, s = 1/sqrt(H):
-    gg = sum G v (bf16 products are exact in fp32): gg +- gamma(H) sum |G v|;
-    z from the saved intervals; da/dz = 1/(2 sqrt|z|) on |z| >= c, else 0, over
-    the interval of z (0 where it may be dead, up to 1/(2 sqrt(max(min|z|, c)))
-    where it may be live), 3 RHO;
-    g (1 - g) over g's interval (its maximum 1/4 where g's interval holds 1/2);
-    gz = gg g(1-g) da/dz and gd = gz rx rk s (`product`s, the scale's 2 RHO);
-    A = gz z = gd d (either order: the hull of both);
-    grad_x = G + gd w k - A rx^2 x / H, grad_k = gd w x - A rk^2 k / H: each
-    term a `product` (the division by H one RHO more), then u per addition of
-    the sum of magnitudes, and the final bf16 rounding (RN of both ends);
-    grad_v = sum_h G g: hc products summed (gamma(hc - 1)), rounded to bf16;
-    grad_w = sum_t gd x k (fp32): T products of 3 factors, summed (gamma(T - 1)).
-All these are rigorous under the model (first-order terms of u and RHO only:
-the neglected products are below 2^-40 relative).  A wrong formula (a missing
-term, eps outside the square root, a gate gradient left on below the clamp)
-or a bf16 accumulation moves the results by far more than these intervals
-(tests/test_gradients.py).
-
-Gradient checks (tkverify.gradients)
-------------------------------------
-The hand-derived float64 backward of references/engram.py is gradchecked.
-Kinks: the rows (t, h) whose z lies within a margin of 0 or of +-clamp,
-relative to z's scale zeta + 3 |z| where zeta = sum_i sx_i sw_i sk_i rx rk /
-sqrt(H) with the finite-difference step scales s (`fd_scale`: |a| + 2^-6 of the
-row's rms, at least 2^-6 sqrt(eps) for x and k, so that a step in a row far
-below sqrt(eps) still moves rx and out measurably) bounds how far a unit step
-in every element moves z.  Finite differences use the margin FD_MARGIN = 1e-3
-(a gradcheck step of 1e-7 then moves z by at most 3e-4 of its distance to a
-kink and of |z|); the comparison of an implementation's gradients with the
-oracle uses KINK_MARGIN = 2^-9, beyond the fp32 error of z (2 gamma(H+4) + 4
-RHO of that scale, < 2^-10 for H <= 7168), so that rows an implementation
-may put on either side of a kink stay out of its statistics (the intervals
-would accept either side anyway).  The working-precision consistency check
-rebuilds out from the implementation's fp32 g as x + g v (`smooth`; noise |v|
-times the width of g's interval).
+What the op computes, its domain and the error analysis behind every bound here are
+docs/contract/engram.md#engram.gate; signatures and argument checks are
+kernels/torch/engram.py's.  Each output and gradient is judged by `within` (`WithinAs`:
+with its dtype checked) against per-element intervals that `analyse_forward` and
+`analyse_backward` compute by interval arithmetic in float64 (`Iv`, `product`) from the
+exact inputs, modelling an fp32 implementation (U, RHO, TINY, `gamma`).  The gradient
+checks leave out rows near the gate's kinks (`kink_distance`, FD_MARGIN, KINK_MARGIN)
+and rows outside the judged domain (`mask`).
 """
 
 from __future__ import annotations

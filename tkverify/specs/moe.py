@@ -1,75 +1,13 @@
-"""MoE routing ops (OPS.md "moe"): topk_gate and the routing chain
-group_count -> fused_mapping -> expand_to_fused -> (experts) -> reduce_fused,
-with normalize_weight for the weights.  Signatures and conventions: the
-docstring of kernels/torch/moe.py.
+"""MoE routing ops: topk_gate and the routing chain group_count -> fused_mapping ->
+expand_to_fused -> (experts) -> reduce_fused, with normalize_weight for the weights.
 
-Decisions where OPS.md is silent
---------------------------------
-* N: fused_mapping returns exactly sized outputs and N as a python int.  It
-  needs N on the host to allocate them, so it syncs once (and checks in the
-  same read-back that no entry is >= num_experts, ValueError otherwise); every
-  consumer of N (the grouped GEMM's activations, expand_to_fused's output)
-  needs it on the host anyway.  expand_to_fused and reduce_fused never sync.
-  An N of another type (a tensor) fails the check `HostInt`.
-* Duplicates: a topk_idx row may name an expert twice.  Each (token, slot)
-  pair is its own row, so the token is expanded twice into that expert's
-  segment (in slot order) and reduce adds both terms.  Drawn by the
-  strategies' "repeated_expert" feature and judged like any routing.
-* Masking: every negative entry is dropped (not only -1); rows of masked
-  slots get token_topk_to_pos -1.  group_count counts the entries equal to
-  each g in [0, num_groups): negative ones and ones >= num_groups count
-  nowhere (a kernel cannot reject them without a sync).
-* Padding: every segment starts at a multiple of `alignment`; padding rows
-  hold -1 in pos_to_token and pos_to_token_topk, zero bits in the expanded x
-  and its sf.  An empty expert has expert_start == expert_end and no padding.
-  expert_end is the end of the real rows (the padded end is the next
-  expert's start, or N).
-* Positions outside [0, N) other than -1 are skipped by expand and reduce
-  (a kernel guards its accesses); the strategies never draw them.
-* sf layout of expand_to_fused: out_sf takes x_sf's dtype and layout
-  (row-major contiguous, or TMA-aligned column-major padded for N rows);
-  the layout is judged along with the bits (`StoredBitwise`).  An x_sf
-  without rows (T = 0) still has a layout, read from its strides: column-major
-  when stride(0) == 1 and G >= 2 (`kernels.torch.moe.is_tma_column_major`),
-  so that N > 0 padding rows come back in the layout the caller uses.
-* reduce_fused output dtype: bf16 for bf16 and e4m3 x, fp32 for fp32 x.
-  normalize_weight's weights may be negative (nothing checks); the
-  strategies draw non-negative ones (and -0.0), as routers give.
-
-How the sums are judged (policies.summation, per element)
----------------------------------------------------------
-u = 2^-24, gamma_n = n u / (1 - n u).
-
-reduce_fused.  The terms p_k = w_k * x[pos] (bf16 or fp32 x: r = 1 product)
-or w_k * q[pos] * sf[pos] (e4m3: r = 2) are exact in float64 (at most 52
-significant bits), and the exact sum S comes from a compensated float64 sum.
-An fp32 implementation forms p_hat_k = p_k (1 + e_k) + a_k with |e_k| <=
-gamma_r, and a_k <= 2^-150 (r = 1), 2^-150 (1 + 2 max|factor|) (r = 2) for
-products rounded in the subnormal range; it adds the n <= K valid terms in
-any order (slot order is the contract, the bound does not need it; an FMA
-rounds once where a product and a sum round twice):
-    s_hat = sum_k p_hat_k (1 + t_k),  |t_k| <= gamma_{n-1}, so
-    |s_hat - S| <= e := gamma_{n-1+r} sum_k |p_k| + (1 + gamma_{n-1}) sum_k a_k.
-The one rounding to bf16 adds at most 0.5 ulp_bf16(s_hat) <= 0.5
-ulp_bf16(|S| + e) (none for an fp32 output).  Each element must satisfy
-    |y - S| <= e + 0.5 ulp_out(|S| + e).
-Without cancellation (sum|p| ~ |S|) e is at most (K + 1) fp32 ULPs of S: a
-bf16 result is the correctly rounded one, or its neighbour only where S lies
-within e of a rounding boundary.  Where terms cancel, e is set by sum|p|
-while S is tiny, and the ULP error in the report (against S, in the output
-format) can be large and legitimate.  Empty slots contribute nothing: a
-token without a valid slot must give exactly 0.  NaN and infinity follow
-IEEE arithmetic on the exact terms (S NaN -> y NaN; S +-inf -> y the same).
-
-normalize_weight.  denom = 1e-20 + sum_k w_k: n = K + 1 terms, exact inputs
-(r = 0), the constant rounded to fp32 (absolute u * 1e-20):
-    |denom_hat - D| <= gamma_K (sum_k |w_k| + 1e-20) + (1 + gamma_K) u 1e-20,
-fp32 output, no further rounding.  The weights are judged given the
-implementation's own denom d (as quant judges data given its sf): against
-w / d exactly, within gamma_2 |w / d| + 2^-150 - one IEEE division (0.5 ULP)
-or a reciprocal and a product (two roundings) both fit; a weight computed
-with another denominator than the one returned (say sum_k w without the
-1e-20) fails on rows whose sum is far below 1e-20 ("tiny_rows").
+What each op computes, its edge semantics and the bounds its sums are judged by are
+docs/contract/moe.md; signatures and argument checks are kernels/torch/moe.py's.  Indices,
+counts and moved bits are judged bitwise: `HostInt` for fused_mapping's N (a python int),
+`StoredBitwise` for expand_to_fused's outputs, which also checks the sf layout
+(`WithSfLayout` lays a case's x_sf out before the call).  reduce_fused and normalize_weight
+are judged by `summation`, from the exact terms (`reduce_fused_bound`,
+`normalize_denom_bound`), normalize_weight's weights given the implementation's own denom.
 """
 
 from __future__ import annotations
@@ -291,7 +229,7 @@ def _expand_oracle_with_sf(x, token_topk_to_pos, num_expanded_rows, x_sf, sf_lay
 
 def reduce_fused_bound(x: torch.Tensor, topk_weights: torch.Tensor, token_topk_to_pos: torch.Tensor,
                        x_sf: torch.Tensor | None = None) -> ErrorBound:
-    """The exact reduce_fused and the error an fp32 accumulation may add (module docstring)."""
+    """The exact reduce_fused and the error an fp32 accumulation may add (docs/contract/moe.md#moe.reduce_fused)."""
     exact = references.moe.reduce_fused(x, topk_weights, token_topk_to_pos, x_sf)
     t = references.moe.reduce_fused_terms(x, topk_weights, token_topk_to_pos, x_sf)
     products = 1 if x_sf is None else 2
@@ -306,7 +244,8 @@ def _given_reduce(case, actual: dict[str, Any]) -> dict[str, ErrorBound]:
 
 
 def normalize_denom_bound(topk_weights: torch.Tensor) -> ErrorBound:
-    """The exact denom and the error an fp32 sum of the K weights and 1e-20 may have (module docstring)."""
+    """The exact denom and the error an fp32 sum of the K weights and 1e-20 may have
+    (docs/contract/moe.md#moe.normalize_weight)."""
     denom, _ = references.moe.normalize_weight(topk_weights)
     w = references.as_float64(topk_weights)
     eps = references.moe.NORMALIZE_EPS
@@ -316,7 +255,7 @@ def normalize_denom_bound(topk_weights: torch.Tensor) -> ErrorBound:
 
 
 def normalized_weights_given_denom(topk_weights: torch.Tensor, denom: np.ndarray) -> ErrorBound:
-    """w / denom for the given denom, within two fp32 roundings (module docstring)."""
+    """w / denom for the given denom, within two fp32 roundings (docs/contract/moe.md#moe.normalize_weight)."""
     w = references.as_float64(topk_weights)
     with np.errstate(invalid="ignore", divide="ignore"):
         quotient = w / np.asarray(denom, dtype=np.float64)[:, None]

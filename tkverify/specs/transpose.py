@@ -1,4 +1,5 @@
-"""Transposes: pure data movement, judged bitwise (NaN payloads and -0 included)."""
+"""Transposes: pure data movement, judged bitwise (NaN payloads and -0 included); the
+contract is docs/contract/transpose.md."""
 
 import torch
 
