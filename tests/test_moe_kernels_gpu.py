@@ -124,7 +124,8 @@ def test_fused_mapping_is_deterministic(moe, case):
     idx = routing(kind, num_tokens, k, num_experts, _generator(2)).cuda()
     first = moe.fused_mapping(idx, num_experts, alignment)
     runs = [moe.fused_mapping(idx, num_experts, alignment) for _ in range(3)]
-    runs += [moe._fused_mapping(idx, num_experts, alignment, chunk_batches) for chunk_batches in (1, 2, 5, 64, 1024)]
+    runs += [moe.mapping._fused_mapping(idx, num_experts, alignment, chunk_batches)
+             for chunk_batches in (1, 2, 5, 64, 1024)]
     for run in runs:
         for a, b in zip(run[:5], first[:5]):
             assert_same_bits(a, b)
@@ -285,14 +286,16 @@ EXPAND_ORDER_CASES = [(1, 8, "mapping"), (333, 8, "scattered"), (2049, 8, "mappi
 
 @pytest.mark.parametrize("case", EXPAND_ORDER_CASES, ids=_case_ids(EXPAND_ORDER_CASES))
 def test_expand_order_buckets_each_chunk_by_position(moe, case):
-    """The gather's order (kernels.moe._expand_order): each chunk's pairs with a row (0 <= pos < N), as
+    """The gather's order (kernels.moe.expand._expand_order): each chunk's pairs with a row (0 <= pos < N), as
     (pos << 32) + token, in position-bucket order (the order inside a bucket is free), then -1 for the
     chunk's other slots; and row_src as the map kernel sets it."""
     num_tokens, k, layout = case
     pos, num_rows = positions(layout, num_tokens, k, _generator(13))
     token = torch.arange(num_tokens).repeat_interleave(k).view(num_tokens, k)
     row_src = torch.full((num_rows,), -1, dtype=torch.int32, device="cuda")
-    order = moe._expand_order(pos.cuda(), row_src, moe._tilelang.target_for(row_src.device)).cpu()
+    from kernels import _tilelang
+
+    order = moe.expand._expand_order(pos.cuda(), row_src, _tilelang.target_for(row_src.device)).cpu()
     chunk_tokens = moe.ORDER_SLOTS // k
     chunks = -(-num_tokens // chunk_tokens)
     assert order.shape == (chunks * moe.ORDER_SLOTS,)

@@ -580,9 +580,9 @@ def test_normalize_weight_keeps_the_fp32_constant():
 
 def test_expand_with_sf_case_keeps_its_sf_layout_through_a_case_file(tmp_path):
     """A case's tensors lose their strides on the way to the device (Case.to copies them) and
-    into a case file, so a column-major x_sf once reached the implementation as a dense
-    column-major tensor without the TMA padding, and was rejected.  The layout now travels
-    as the parameter sf_layout, and the spec lays x_sf out just before the call."""
+    into a case file, where a column-major x_sf would become a dense column-major tensor without
+    the TMA padding, which the implementation rejects.  So the layout travels as the parameter
+    sf_layout, and the spec lays x_sf out just before the call."""
     from tkverify.case import Case, load_case, save_case
     from tkverify.check import VerificationError, check_case
     from tkverify.registry import Impl, get
