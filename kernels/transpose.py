@@ -28,16 +28,17 @@ only add redundant per-element checks that block vectorization).
 
 Tuning candidates of the vectorized variant (`TRANSPOSE_TUNE_CONFIGS`;
 benchmarks/tune.py times them; `TRANSPOSE_SHIPPED` names the one each width
-ships, `TRANSPOSE_OVERRIDES` another for a tuning run).  On an H200 the base
-kernel above moves 8192 x 8192 at 78% (f32), 65% (bf16) and 72% (e4m3) of the
-device's copy bandwidth, the shipped candidates at 93%, 89% and 82% (run 25).
-Leads, from the base kernel's PTX and geometry:
+ships, `TRANSPOSE_OVERRIDES` another for a tuning run).  At 8192 x 8192 on an
+H200 the base kernel above moves 78% (f32), 64% (bf16) and 71% (e4m3) of the
+copy bandwidth measured beside it, the shipped candidates 93%, 89% and 82%
+(reports/evidence/transpose.md#shipped-candidates).  Why the candidates can be
+faster, from the base kernel's PTX and geometry:
 
 * its stores are not all 16 bytes: nvcc splits the f32 and bf16 output
   vectors (built in a local array) into four 4-byte stores (st.global.u32,
   st.global.v2.u16), four times the store instructions and partial sectors
   for L2 to merge.  The tuned kernel stores through tk_transpose_block, whose
-  st.global.v4 is spelled out in PTX (`read_bytes` = the width: the shipped
+  st.global.v4 is spelled out in PTX (`read_bytes` = the width: the base kernel's
   element reads with whole 16-byte stores);
 * phase 2 reads single elements, 16 (f32, bf16) or 64 (e4m3) shared loads a
   thread.  With `read_bytes` of 4, 8 or 16 a
@@ -52,7 +53,7 @@ Leads, from the base kernel's PTX and geometry:
   the same tile, give each thread 8 or 16 loads, all issued before the first
   shared store; a taller tile also writes longer runs of each output row
   (256 or 512 bytes instead of 128);
-* traffic spread over many DRAM rows: the shipped order walks whole tile
+* traffic spread over many DRAM rows: the base kernel's order walks whole tile
   rows, so the CTAs resident at once read a few long bands of x but write
   128-byte pieces to every one of y's 8192 rows.  `group` walks bands of
   that many tile rows column by column, so the resident CTAs read and write
@@ -92,12 +93,12 @@ PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
 class TransposeConfig(NamedTuple):
     dtype: str  # raw-bits type: "uint8", "int16" or "int32"
     vectorized: bool  # 16-byte accesses; needs M, N multiples of 16 // width
-    # Tuning knobs of the vectorized kernel (the defaults are the shipped kernel; see TRANSPOSE_TUNE_CONFIGS):
-    tile_m: int = 0  # rows of x a tile stages (0: vector_tile(width), the shipped square tile)
+    # Tuning knobs of the vectorized kernel (the defaults are the base kernel; see TRANSPOSE_TUNE_CONFIGS):
+    tile_m: int = 0  # rows of x a tile stages (0: vector_tile(width), the base square tile)
     tile_n: int = 0  # columns of x a tile stages (0: vector_tile(width))
     threads: int = THREADS
     # bytes of a staged row phase 2 reads at once, moved by tk_transpose_block with explicit 16-byte stores
-    # (0: the shipped phase 2, elements gathered and stored as TileLang and nvcc see fit; the shipped
+    # (0: the base phase 2, elements gathered and stored as TileLang and nvcc see fit; the base
     # kernel only: any other knob needs a read size)
     read_bytes: int = 0
     group: int = 0  # tile rows walked together, tile column by tile column (0: one tile row after another)
@@ -105,11 +106,11 @@ class TransposeConfig(NamedTuple):
 
 STATIC_CONFIGS = tuple(TransposeConfig(dtype, vectorized) for dtype in RAW_DTYPES.values() for vectorized in (True, False))
 
-# Candidates benchmarks/tune.py times against the shipped vectorized kernel (the bench's 8192 x 8192;
+# Candidates benchmarks/tune.py times against the base vectorized kernel (the bench's 8192 x 8192;
 # the module docstring says why each might be faster).  Bitwise equal by construction: every output
 # element is one staged input element, whichever thread moves it and however many at once.
 TRANSPOSE_TUNE_CONFIGS = (
-    # f32: the shipped reads, but 16-byte stores for sure (nvcc splits the shipped ones into 4 bytes)
+    # f32: the base kernel's reads, but 16-byte stores for sure (nvcc splits the base ones into 4 bytes)
     TransposeConfig("int32", True, read_bytes=4),
     # 4 x 4 blocks read as 16-byte rows (4 shared reads a thread instead of 16)
     TransposeConfig("int32", True, read_bytes=16),
@@ -118,18 +119,18 @@ TRANSPOSE_TUNE_CONFIGS = (
     # ... walking 16 (8) tile rows at a time: reads and writes both in compact regions
     TransposeConfig("int32", True, read_bytes=16, group=16),
     TransposeConfig("int32", True, tile_m=128, tile_n=64, read_bytes=16, group=8),
-    # bf16: the shipped reads, 16-byte stores for sure (the shipped ones are 4 bytes)
+    # bf16: the base kernel's reads, 16-byte stores for sure (the base ones are 4 bytes)
     TransposeConfig("int16", True, read_bytes=2),
     # element pairs read as 32-bit words (8 shared reads a thread instead of 16)
     TransposeConfig("int16", True, read_bytes=4),
     # 8 x 8 blocks read as 16-byte rows, one a thread: in a 128 x 128 tile (8 loads in flight a thread) ...
     TransposeConfig("int16", True, tile_m=128, tile_n=128, read_bytes=16),
-    # ... in the shipped 64 x 64 tile of 64 threads (8 loads in flight, 4x the CTAs resident) ...
+    # ... in the base 64 x 64 tile of 64 threads (8 loads in flight, 4x the CTAs resident) ...
     TransposeConfig("int16", True, threads=64, read_bytes=16),
     # ... in a 128 x 64 tile of 128 threads (256-byte output runs, 8 loads in flight)
     TransposeConfig("int16", True, tile_m=128, tile_n=64, threads=128, read_bytes=16),
     TransposeConfig("int16", True, tile_m=128, tile_n=128, read_bytes=16, group=8),
-    # e4m3: 32-bit shared reads (16 a thread instead of 64 single bytes), shipped tile
+    # e4m3: 32-bit shared reads (16 a thread instead of 64 single bytes), base tile
     TransposeConfig("uint8", True, read_bytes=4),
     # 16 rows x 8 bytes a thread, 128 threads: 8 loads in flight, 16 shared reads for 8 output vectors
     TransposeConfig("uint8", True, threads=128, read_bytes=8),
@@ -140,9 +141,10 @@ TRANSPOSE_TUNE_CONFIGS = (
     TransposeConfig("uint8", True, threads=128, read_bytes=8, group=8),
 )
 # The vectorized kernel ships the fastest candidate of each width: the base configuration -> the one used.
-# H200 run 25 (8192 x 8192, graph replay; base kernel in brackets): f32 16-byte block reads 136.8 us
-# [164.1], bf16 128 x 128 tiles of 8 x 8 blocks in bands of 8 tile rows 71.3 us [98.7], e4m3 256 x 128
-# tiles of 16 x 8-byte blocks 38.9 us [44.8]; every candidate bitwise equal to the base kernel.
+# At 8192 x 8192 (graph replay, base kernel in brackets; reports/evidence/transpose.md#shipped-candidates):
+# f32 16-byte block reads 136.8 us [164.1], bf16 128 x 128 tiles of 8 x 8 blocks in bands of 8 tile rows
+# 71.3 us [98.7], e4m3 256 x 128 tiles of 16 x 8-byte blocks 38.9 us [44.8]; every candidate bitwise equal
+# to the base kernel.
 TRANSPOSE_SHIPPED: dict[TransposeConfig, TransposeConfig] = {
     TransposeConfig("int32", True): TransposeConfig("int32", True, read_bytes=16),
     TransposeConfig("int16", True): TransposeConfig("int16", True, tile_m=128, tile_n=128, read_bytes=16, group=8),
@@ -476,7 +478,7 @@ def build_batched_transpose(config: TransposeConfig):
     """prim_func(x (B, M, N), y (B, N, M)) moving `config.dtype` raw bits."""
     if config == TransposeConfig(config.dtype, config.vectorized):
         if config.vectorized:
-            return _build_vectorized(config.dtype)  # the shipped kernels
+            return _build_vectorized(config.dtype)  # the base kernels
         return _build_scalar(config.dtype)
     return _build_vectorized_tuned(config)
 

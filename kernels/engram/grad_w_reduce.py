@@ -1,0 +1,85 @@
+"""The grad_w reduction (engram.grad_w_reduce): the backward's per-block partials summed in a fixed order.
+
+grad_w[j] = sum over b of partials[b, j], j = h H + i: a CTA of 8 warps takes 128 consecutive j (a
+float4 per lane), warp q adds the partials b = q, q + 8, q + 16, ... in increasing b, and the 8 warp
+sums are added in warp order.  The number of blocks is a function of T alone
+(``configs.backward_blocks``), so grad_w is bitwise reproducible run to run and device to device.
+Its error stays within the spec's gamma(T - 1) bound: every path from a term to the result has at
+most T - 1 additions.
+"""
+
+# No `from __future__ import annotations` here: tilelang evaluates the
+# prim_func parameter annotations, which name the builders' local symbolic sizes.
+
+from typing import NamedTuple
+
+from .. import _tilelang
+from .._tilelang import KernelDef
+from .configs import PASS_CONFIGS, WARP
+
+REDUCE_THREADS = 256
+REDUCE_WARPS = REDUCE_THREADS // WARP
+REDUCE_COLUMNS = WARP * 4  # grad_w elements a reduce CTA takes (a float4 per lane)
+
+
+class ReduceConfig(NamedTuple):
+    pass
+
+
+REDUCE_CONFIGS = (ReduceConfig(),)
+
+
+def build_grad_w_reduce(config: ReduceConfig):
+    """prim_func(partials (P, n), grad_w (n,)): grad_w[j] = sum over b of partials[b, j], fixed order.
+
+    n = hc H (a multiple of 4): CTA c takes j in [128 c, 128 c + 128), a float4 per lane; warp q
+    adds b = q, q + 8, ... in increasing order (sixteen loads in flight), then the 8 warp sums are
+    added in warp order."""
+    T = _tilelang.T()
+    num_parts, n4 = T.dynamic("num_parts, n4")
+    # float4 loads in flight a lane: 16, so that at the benchmark's 128 partials (8 MiB) each warp issues
+    # all of its 16 before its first add, one DRAM round trip (with 8 in flight, the reduction of 256
+    # partials takes 8.3 us: reports/evidence/engram.md#grad-w-reduce).
+    # The adds keep their order (increasing b), so the bits do not depend on it.
+    unroll = 16
+
+    @T.prim_func
+    def engram_grad_w_reduce(
+        partials: T.Tensor((num_parts, n4 * 4), "float32"),
+        grad_w: T.Tensor((n4 * 4,), "float32"),
+    ):
+        T.annotate_pass_configs(PASS_CONFIGS)
+        with T.Kernel(T.ceildiv(n4, WARP), threads=REDUCE_THREADS) as block:
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            warp = tx // WARP
+            col = T.alloc_var("int32", init=block * WARP + lane)  # float4 column
+            red = T.alloc_shared((REDUCE_WARPS * REDUCE_COLUMNS,), "float32")
+            acc = T.alloc_local((4,), "float32")
+            tmp = T.alloc_local((unroll, 4), "float32")
+            for e in T.unroll(4):
+                acc[e] = T.float32(0)
+            if col < n4:
+                for it in T.serial(T.ceildiv(num_parts, REDUCE_WARPS * unroll)):
+                    for u in T.unroll(unroll):
+                        if (it * unroll + u) * REDUCE_WARPS + warp < num_parts:
+                            for e in T.vectorized(4):
+                                tmp[u, e] = partials[(it * unroll + u) * REDUCE_WARPS + warp, col * 4 + e]
+                    for u in T.unroll(unroll):
+                        if (it * unroll + u) * REDUCE_WARPS + warp < num_parts:
+                            for e in T.unroll(4):
+                                acc[e] = acc[e] + tmp[u, e]
+            for e in T.vectorized(4):
+                red[warp * REDUCE_COLUMNS + lane * 4 + e] = acc[e]
+            T.sync_threads()
+            if tx < REDUCE_COLUMNS:
+                if block * REDUCE_COLUMNS + tx < n4 * 4:
+                    acc[0] = red[tx]
+                    for q in T.unroll(1, REDUCE_WARPS):
+                        acc[0] = acc[0] + red[q * REDUCE_COLUMNS + tx]
+                    grad_w[block * REDUCE_COLUMNS + tx] = acc[0]
+
+    return engram_grad_w_reduce
+
+
+GRAD_W_REDUCE = KernelDef("engram.grad_w_reduce", build_grad_w_reduce, REDUCE_CONFIGS)
