@@ -7,6 +7,11 @@
    where the contract says ties go to the lower index, names the element and
    saves the case.
 2. A whole new op with its own float64 oracle, strategy and policy.
+
+An implementation that cannot run a case (an option, format or size its library
+lacks) raises ``tkverify.Unsupported("why")``: the case is counted under that
+reason in the report and never judged.  Everything used here is in
+``tkverify.__all__``.
 """
 
 import numpy as np

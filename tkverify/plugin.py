@@ -7,7 +7,9 @@ where failing cases are saved, ``--tk-precompile`` TileLang kernels compiled in
 the background while the workers start (a cold kernel cache).
 
 Under pytest-xdist each worker writes a shard and the controller merges them; on
-a machine with several GPUs each worker is pinned to one GPU.
+a machine with several GPUs each worker is pinned to one GPU.  An `Unsupported`
+raised in a test (an implementation refusing the case it is called on) is
+reported as a skip with its reason.
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ def worker_threads(cpus: int, workers: int) -> int:
 
 def _share_cpu_threads(config: pytest.Config) -> int | None:
     """Give each xdist worker its share of the cores for torch's CPU ops (the float64 oracles and their
-    gradchecks): by default every worker takes them all, and 8 workers on 16 cores ran the Engram
-    oracle's gradcheck 12 times slower than one process does (H200 run 8: 43.9 s against 3.6 s)."""
+    gradchecks): by default every worker takes them all, and with 8 workers on 16 cores the Engram
+    oracle's gradcheck takes 43.9 s against 3.6 s in one process
+    (reports/evidence/framework.md#cpu-threads-per-worker)."""
     count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if worker_id(config) is None or not count:
         return None
@@ -137,9 +140,10 @@ def _tilelang_runs(choice: str) -> bool:
 def _start_precompile(config: pytest.Config) -> None:
     """Cold-cache runs: compile the kernels in the background, beside the workers' first tests.
 
-    Without it each worker compiles what its tests need, one configuration after another
-    (H200 run 29, an empty cache: 399 s for the suite against 277 s warm, 79% of the
-    differential tests' time in the implementations' first calls)."""
+    Without it each worker compiles what its tests need, one configuration after another: from an
+    empty cache the suite takes 399 s with 79% of the differential tests' time in the implementations'
+    first calls, against 271-284 s with the background pass and 268 s warm
+    (reports/evidence/framework.md#background-precompile)."""
     workers = int(getattr(config.option, "numprocesses", 0) or 0)
     jobs = precompile_jobs(config.getoption("--tk-precompile"), workers=workers, cpus=len(os.sched_getaffinity(0)),
                            tilelang_runs=_tilelang_runs(config.getoption("--tk-impl")))
@@ -241,6 +245,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 marks.append(pytest.mark.gpu)
             params.append(pytest.param((spec.name, impl), id=f"{spec.name}-{impl}", marks=marks))
     metafunc.parametrize("tk_op_impl", params)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """An `Unsupported` that reaches a test makes that phase a skip, reported as pytest reports its own:
+    the exception's line as the reason, at the line that raised it (in the setup phase, a fixture: at the
+    test, so that the skip names it).
+
+    `Unsupported` is no pytest exception (the data model does not import pytest), so pytest first sees a
+    failure; this hook runs inside the other report hooks (trylast), which then see the skip."""
+    report = yield
+    excinfo = call.excinfo
+    if report.failed and excinfo is not None and excinfo.errisinstance(registry.Unsupported):
+        if call.when == "setup":
+            path, line = item.reportinfo()[:2]
+        else:
+            path, line = excinfo.traceback[-1].path, excinfo.traceback[-1].lineno
+        report.outcome = "skipped"
+        report.longrepr = (str(path), line + 1, excinfo.exconly(tryshort=True))
+    return report
 
 
 @pytest.fixture

@@ -17,27 +17,27 @@ import pkgutil
 import sys
 from typing import Any, Callable
 
-import pytest
 import torch
 
 # Implementations every built-in op may have, in the order `--tk-impl all` runs them.
 BUILTIN_IMPLS = ("torch", "tilelang", "tile_kernels")
 
 
-class Unsupported(pytest.skip.Exception):
+class Unsupported(BaseException):
     """An implementation cannot run this case: the library lacks the option, format,
     size or input domain it asks for (say which, and in which version, in `reason`).
 
     It is not a discrepancy: `check_case` saves no case file for it, the
     differential suite records it per (op, implementation) as "unsupported" in
     the report, and a test whose every example is unsupported is skipped with the
-    reasons.  It derives from pytest's skip exception, so that code which catches
-    ``Exception`` (an implementation's errors) lets it through, and anywhere else
-    under pytest it is a skip, never a failure.
+    reasons.  It derives from BaseException, not Exception, so that the code which
+    catches an implementation's errors (``except Exception`` in `check_case`, the
+    gradient checks and the adapters) lets it through; one that reaches a pytest
+    test is reported as a skip with its reason by the tkverify plugin.
     """
 
     def __init__(self, reason: str):
-        super().__init__(msg=reason)
+        super().__init__(reason)
         self.reason = reason
 
     def __str__(self) -> str:
@@ -300,17 +300,21 @@ def register_backward_impl(op: str, impl: Impl) -> Impl:
 
 
 def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
-    """Import the built-in specs, then every module named (and those in TKVERIFY_LOAD)."""
+    """Import the built-in specs and adapters, then every module named (and those in TKVERIFY_LOAD).
+
+    This is how a user's own module (its `register` and `register_impl` calls) gets
+    loaded: ``tkverify report --load MODULE``, ``pytest --tk-load MODULE``, or a call here.
+    """
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        # Every module of tkverify.specs holds one family's declarations.
-        import tkverify.specs
+        # Every module of tkverify.specs is imported; the family modules register their ops.
+        import tkverify.specs  # layer: the registry loads the built-in declarations on its first lookup
 
         for info in pkgutil.iter_modules(tkverify.specs.__path__):
             importlib.import_module(f"tkverify.specs.{info.name}")
         # Adapters of other libraries add implementations to the ops declared above.
-        import tkverify.adapters
+        import tkverify.adapters  # layer: the registry loads the built-in adapters on its first lookup
 
         for info in pkgutil.iter_modules(tkverify.adapters.__path__):
             importlib.import_module(f"tkverify.adapters.{info.name}")
@@ -328,6 +332,7 @@ def has(name: str) -> bool:
 
 
 def get(name: str) -> OpSpec:
+    """The registered op of that name (the built-in specs and adapters are loaded first)."""
     load_plugins()
     try:
         return _REGISTRY[name]
@@ -336,6 +341,7 @@ def get(name: str) -> OpSpec:
 
 
 def all_specs() -> list[OpSpec]:
+    """Every registered op, by name (the built-in specs and adapters are loaded first)."""
     load_plugins()
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
