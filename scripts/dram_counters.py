@@ -1,4 +1,4 @@
-"""Call each benchmark shape's tilelang implementation, for Nsight Compute to count (scripts/gpu-probe.sh).
+"""Call each benchmark shape's tilelang implementation, for Nsight Compute to count (`scripts/gpu-run.sh --steps ncu`).
 
     python scripts/dram_counters.py -k OPS --list     # index and counters file of each shape
     ncu ... python scripts/dram_counters.py -k OPS --entry I > <its counters file>   # one shape a process
@@ -50,7 +50,7 @@ def main() -> None:
         inputs, params = entry.shape.make(device)
         fn = impl.function()
         # the op's own launches inside an NVTX range, so that ncu can leave out the inputs' making
-        # (gpu-probe.sh with PROBE_NVTX=1: --nvtx --nvtx-include "tkverify-op/")
+        # (ncu --nvtx --nvtx-include "tkverify-op/")
         torch.cuda.nvtx.range_push("tkverify-op")
         for _ in range(2):
             fn(**inputs, **params)

@@ -1,4 +1,4 @@
-"""Exhaustive CPU check of the fast e5m6 encode (kernels/quant.py `_e5m6_code_fast`) against the
+"""Exhaustive CPU check of the fast e5m6 encode (kernels/quant/encode.py `_e5m6_code_fast`) against the
 shipped one (`_e5m6_code`) on every float32 bit pattern of the quotient q, and against the float64
 oracle (tkverify.formats.E5M6.encode, satfinite) on every finite one.
 

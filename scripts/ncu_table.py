@@ -1,6 +1,6 @@
-"""One line per kernel launch of a Nsight Compute raw CSV (scripts/gpu-probe.sh's ncu.csv.gz): what bounds it.
+"""One line per kernel launch of a Nsight Compute raw CSV (`scripts/gpu-run.sh --steps ncu`'s ncu/*.csv.gz): what bounds it.
 
-    python scripts/ncu_table.py probe/ncu.csv.gz [--min-us 5] > ncu-summary.txt
+    python scripts/ncu_table.py results/ncu/engram.gate__T4096_hc4_H4096_bf16.csv.gz [--min-us 5] > ncu-summary.txt
 
 Columns: time (us), DRAM bytes read and written (MB), their rate (TB/s), then shares of peak
 (percent, over the launch): instructions issued, ALU, FMA, LSU pipe, XU (transcendentals), L1, L2,

@@ -1,9 +1,14 @@
-"""Write the hand-made case files of reports/tile-kernels-findings.md (the shrunk cases the H200
-runs saved are copied beside them as they came).  Each is the smallest input that shows one
-finding; its "finding" entry says which, and what tile-kernels 2.1.0 is expected to return
-there (read from its source; the replay on the H200 confirms or refutes it).
+"""Write the hand-made case files of reports/tile-kernels/findings.md.
 
-    python3 scripts/tile-kernels-findings-cases.py   # rewrites reports/tile-kernels-2.1.0/cases/*-F*.json
+    python3 scripts/tile-kernels-findings-cases.py   # rewrites the hand-made files of reports/tile-kernels/2.1.0/cases/
+
+Each is the smallest input that shows one finding; its "finding" entry says which, and what
+tile-kernels 2.1.0 is expected to return there (read from its source; a replay on a GPU with
+tile-kernels installed, `scripts/gpu-run.sh --tile-kernels 2.1.0 --steps findings`, confirms or
+refutes it).  The cases that fuzz runs saved and shrank lie beside them as they came; this script
+leaves those alone.  The inputs come from a seeded generator, so a rerun writes the same tensors
+(the .npz files) and only the versions recorded in the .json files change.  The cases that
+tests/test_tile_kernels_known.py names are copied to tests/data/tile_kernels/ by hand.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import torch
 
 from tkverify.case import Case, save_case
 
-OUT = Path(__file__).resolve().parent.parent / "reports" / "tile-kernels-2.1.0" / "cases"
+OUT = Path(__file__).resolve().parent.parent / "reports" / "tile-kernels" / "2.1.0" / "cases"
 GEN = torch.Generator().manual_seed(7)
 
 
@@ -69,7 +74,7 @@ def main() -> None:
               "expected a TileLang compile error (2.1.0 seen at m = 3 and 5).", raw=True)
     write("mhc.sinkhorn-F5-m8", "mhc.sinkhorn", {"repeat": 3, "eps": 1e-6}, {"x": torch.randn(2, 8, 8, generator=GEN)},
           "F5: m = 8, a power of two: expected to compile and pass.")
-    # Probes: what the first run could not reach.
+    # Probes: an empty batch for engram.gate (forward and backward) and the unrouted SwiGLU cast with a NaN.
     hc, hidden = 4, 512
     empty = {"x": torch.zeros(0, hc, hidden, dtype=torch.bfloat16), "k": torch.zeros(0, hc, hidden, dtype=torch.bfloat16),
              "v": torch.zeros(0, hidden, dtype=torch.bfloat16), "w": torch.randn(hc, hidden, generator=GEN)}
@@ -83,7 +88,7 @@ def main() -> None:
     write("quant.swiglu_forward_and_per_token_cast-P2-plain", "quant.swiglu_forward_and_per_token_cast",
           cast_params("e4m3", 128), {"x": x},
           "Probe: the newly mapped swiglu (no weights, no clamp), with a NaN in row 1's l half.")
-    # F12 (session 4's full run shrank it to m = 5 on an empty batch): pre_split_mixes sizes m.
+    # F12's controls: pre_split_mixes at each m with post_mult 2, two tokens (post_mult 0 is what fails).
     for m in (3, 5, 6, 8):
         width = m * (m + 2)
         write(f"mhc.pre_split_mixes-F12-m{m}", "mhc.pre_split_mixes", {"m": m, "post_mult": 2.0, "pre_eps": 1e-6},
@@ -92,17 +97,17 @@ def main() -> None:
               f"F12: m = {m}, two tokens. Expected from 2.1.0: " + (
                   "compiles and passes (a power of two)." if m == 8 else
                   "a TileLang compile error, as its run at m = 5 raised (no available layout found)."))
-    # F12 again (run 10): m = 5 with ONE token failed the same way in the full suite. One token at each m,
-    # and three at m = 5, each replayed in a process of its own (a compile failure earlier in the same
-    # process must not be what fails it).
+    # F12's controls with one token at each m, and three at m = 5 (a saved case with one token and
+    # post_mult 0 fails), each meant to be replayed in a process of its own (a compile failure earlier
+    # in the same process must not be what fails it).
     for m, tokens in ((3, 1), (4, 1), (5, 1), (5, 3), (6, 1), (8, 1)):
         width = m * (m + 2)
         write(f"mhc.pre_split_mixes-F12-m{m}-t{tokens}", "mhc.pre_split_mixes",
               {"m": m, "post_mult": 2.0, "pre_eps": 1e-6},
               {"mixes": torch.randn(1, tokens, width, generator=GEN), "scale": torch.rand(3, generator=GEN) + 0.5,
                "base": torch.randn(width, generator=GEN)},
-              f"F12: m = {m}, {tokens} token(s). Run 10 saw m = 5 with one token fail to compile "
-              "(no available layout found); two tokens passed in run 9.")
+              f"F12 control: m = {m}, {tokens} token(s), post_mult 2: expected to compile and pass (a saved case "
+              "with m = 5, one token and post_mult 0 fails to compile: no available layout found).")
 
 
 if __name__ == "__main__":

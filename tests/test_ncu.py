@@ -11,7 +11,9 @@ import pytest
 
 from tkverify import bench, ncu
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
+# Nsight Compute's raw page of an H200 probe of engram.gate, its backward, expand_to_fused and cast_back
+# at their bench shapes (tests/data/README.md says where it was measured).
+PROBE = Path(__file__).resolve().parent / "data" / "ncu" / "engram-expand-cast_back.csv.gz"
 STALLED = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 
 
@@ -53,11 +55,11 @@ def test_the_verdict_follows_the_thresholds(dram, issue, verdict):
     assert ncu.bound(s) == verdict and ncu.note(s).startswith(f"ncu: bound by {verdict} (")
 
 
-def test_run_19s_counters_say_what_bounded_the_engram_kernels():
-    """H200 run 19 (the bench's clocks): the 512-thread Engram forward issued on 69% of its cycles with
-    DRAM at 77% (instructions; the 2-chunk kernel that replaced it was 5% faster); the backward, one
-    CTA an SM, at 37% and 71% (latency, waiting at its barrier)."""
-    launches = ncu.read(REPORTS / "2026-11-30-h200-run19-x2" / "ncu.csv.gz")
+def test_h200_counters_say_what_bounds_the_engram_kernels():
+    """An H200 profile at the bench's clocks: the 512-thread Engram forward issues on 69% of its cycles
+    with DRAM at 77% (bound by instructions); the backward, one CTA an SM, at 37% and 71% (bound by
+    latency, waiting at its barrier)."""
+    launches = ncu.read(PROBE)
     fwd = ncu.summarize([r for r in launches if "engram_gate_fwd" in r["Kernel Name"]])
     bwd = ncu.summarize([r for r in launches if "engram_gate_bwd" in r["Kernel Name"]
                          or "engram_grad_w_reduce" in r["Kernel Name"]])

@@ -14,77 +14,76 @@ from tkverify.adapters import tile_kernels_known as known
 from tkverify.case import load_case
 from tkverify.registry import Failure
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
+# The committed cases these tests read: copies of reports/tile-kernels/<release>/cases/ (tests/data/README.md).
+CASES = Path(__file__).resolve().parent / "data" / "tile_kernels"
 EMPTY_GRID = "InternalError: Check failed: ... CUDALaunch Error: grid dimension must be positive, but got grid=(0,1,1)"
 
 # (case file, release, backward, failing outputs (None: the error below), error text, finding)
 FINDING_CASES = [
-    ("tile-kernels-2.1.0/cases/quant.per_token_cast-F1-nan-e4m3.json", "2.1.0", False, {"sf"}, "", "F1"),
-    ("tile-kernels-2.1.0/cases/quant.per_token_cast-F1-nan-e2m1.json", "2.1.0", False, {"sf"}, "", "F1"),
-    ("tile-kernels-2.1.0/cases/quant.per_token_cast_with_sf_only-F1-nan.json", "2.1.0", False, {"sf"}, "", "F1"),
-    ("tile-kernels-2.1.0/cases/quant.swiglu_forward_and_per_token_cast-P2-plain.json", "2.1.0", False, {"sf"}, "",
+    ("2.1.0/quant.per_token_cast-F1-nan-e4m3.json", "2.1.0", False, {"sf"}, "", "F1"),
+    ("2.1.0/quant.per_token_cast-F1-nan-e2m1.json", "2.1.0", False, {"sf"}, "", "F1"),
+    ("2.1.0/quant.per_token_cast_with_sf_only-F1-nan.json", "2.1.0", False, {"sf"}, "", "F1"),
+    ("2.1.0/quant.swiglu_forward_and_per_token_cast-P2-plain.json", "2.1.0", False, {"sf"}, "",
      "F1"),
-    ("tile-kernels-2.1.0/cases/quant.per_token_cast-F2-inf-round_sf.json", "2.1.0", False, {"sf", "data"}, "", "F2"),
-    ("tile-kernels-2.1.0/cases/quant.per_token_cast-F2-inf-plain.json", "2.1.0", False, {"sf"}, "", "F2"),
-    ("tile-kernels-2.1.0/cases/quant.per_token_cast-F2-inf-ue8m0.json", "2.1.0", False, {"data"}, "", "F2"),
-    ("tile-kernels-2.1.0/cases/quant.per_token_cast_with_precomputed_sf-F3-subnormal-sf-e2m1.json", "2.1.0", False,
+    ("2.1.0/quant.per_token_cast-F2-inf-round_sf.json", "2.1.0", False, {"sf", "data"}, "", "F2"),
+    ("2.1.0/quant.per_token_cast-F2-inf-plain.json", "2.1.0", False, {"sf"}, "", "F2"),
+    ("2.1.0/quant.per_token_cast-F2-inf-ue8m0.json", "2.1.0", False, {"data"}, "", "F2"),
+    ("2.1.0/quant.per_token_cast_with_precomputed_sf-F3-subnormal-sf-e2m1.json", "2.1.0", False,
      {"data"}, "", "F3"),
-    ("tile-kernels-2.1.0/cases/quant.per_token_cast_with_precomputed_sf-F3-subnormal-sf-e4m3.json", "1.0.0", False,
+    ("2.1.0/quant.per_token_cast_with_precomputed_sf-F3-subnormal-sf-e4m3.json", "1.0.0", False,
      {"data"}, "", "F3"),
-    ("tile-kernels-2.1.0/cases/mhc.sinkhorn-F4-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F4"),
-    ("tile-kernels-2.1.0/cases/mhc.sinkhorn-F4-empty-batch-gradients.json", "2.1.0", True, None, EMPTY_GRID, "F4"),
-    ("tile-kernels-1.0.0/cases/mhc.post-G1-empty-batch.json", "1.0.0", False, None, EMPTY_GRID, "F9"),
-    ("tile-kernels-1.0.0/cases/mhc.pre_apply_mix-G1-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F9"),
-    ("tile-kernels-1.0.0/cases/mhc.pre_split_mixes-G1-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F9"),
-    ("tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m5-shrunk.json", "2.1.0", False, None,
+    ("2.1.0/mhc.sinkhorn-F4-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F4"),
+    ("2.1.0/mhc.sinkhorn-F4-empty-batch-gradients.json", "2.1.0", True, None, EMPTY_GRID, "F4"),
+    ("1.0.0/mhc.post-G1-empty-batch.json", "1.0.0", False, None, EMPTY_GRID, "F9"),
+    ("1.0.0/mhc.pre_apply_mix-G1-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F9"),
+    ("1.0.0/mhc.pre_split_mixes-G1-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F9"),
+    ("2.1.0/mhc.pre_split_mixes-F12-m5-shrunk.json", "2.1.0", False, None,
      "InternalError: Check failed: (has_best) is false: no available layout found", "F12"),
-    ("tile-kernels-1.0.0/cases/mhc.sinkhorn-G2-repeat30-shared-memory-gradients.json", "1.0.0", True, None,
+    ("1.0.0/mhc.sinkhorn-G2-repeat30-shared-memory-gradients.json", "1.0.0", True, None,
      "InternalError: Failed to set the allowed dynamic shared memory size to 552960", "G2"),
-    ("tile-kernels-1.0.0/cases/moe.topk_gate-G3-nan-score.json", "1.0.0", False, {"indices"}, "", "G3"),
-    ("tile-kernels-1.0.0/cases/quant.per_token_cast_with_sf_only-G5-nan-and-inf.json", "1.0.0", False, {"sf"}, "",
+    ("1.0.0/moe.topk_gate-G3-nan-score.json", "1.0.0", False, {"indices"}, "", "G3"),
+    ("1.0.0/quant.per_token_cast_with_sf_only-G5-nan-and-inf.json", "1.0.0", False, {"sf"}, "",
      "F1"),
-    # Session 5 (H200 runs 10-13):
-    ("tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m5-one-token-run10.json", "2.1.0", False, None,
+    ("2.1.0/mhc.pre_split_mixes-F12-m5-one-token-run10.json", "2.1.0", False, None,
      "InternalError: Check failed: (has_best) is false: no available layout found", "F12"),
-    ("tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m5-one-token-run10.json", "2.1.0", False, None,
+    ("2.1.0/mhc.pre_split_mixes-F12-m5-one-token-run10.json", "2.1.0", False, None,
      "InternalError: ", "F12"),
-    ("tile-kernels-2.1.0/cases/quant.per_block_cast-F13-nan.json", "2.1.0", False, {"sf"}, "", "F13"),
-    ("tile-kernels-1.0.0/cases/quant.per_block_cast-F13-nan-ue8m0.json", "1.0.0", False, {"sf"}, "", "F13"),
-    # an empty batch, but with post_mult 0: F12 (run 15 made it fail the same way on one token)
-    ("tile-kernels-1.0.0/cases/mhc.pre_split_mixes-G1-empty-batch-divide-by-zero.json", "1.0.0", False, None,
+    ("2.1.0/quant.per_block_cast-F13-nan.json", "2.1.0", False, {"sf"}, "", "F13"),
+    ("1.0.0/quant.per_block_cast-F13-nan-ue8m0.json", "1.0.0", False, {"sf"}, "", "F13"),
+    # an empty batch, but with post_mult 0: F12, not F9 (one token with post_mult 0 fails the same way)
+    ("1.0.0/mhc.pre_split_mixes-G1-empty-batch-divide-by-zero.json", "1.0.0", False, None,
      "InternalError: Check failed: fb->value != 0 (0 vs. 0) : Divide by zero", "F12"),
-    ("tile-kernels-1.0.0/cases/moe.topk_gate-G8-tied-neg-inf.json", "1.0.0", False, {"indices"}, "", "G8"),
-    ("tile-kernels-1.0.0/cases/quant.per_token_cast-G10-e5m6-nan.json", "1.0.0", False, {"sf", "data"}, "", "G10"),
-    ("tile-kernels-1.0.0/cases/mhc.pre_apply_mix-G11-m5.json", "1.0.0", False, None,
+    ("1.0.0/moe.topk_gate-G8-tied-neg-inf.json", "1.0.0", False, {"indices"}, "", "G8"),
+    ("1.0.0/quant.per_token_cast-G10-e5m6-nan.json", "1.0.0", False, {"sf", "data"}, "", "G10"),
+    ("1.0.0/mhc.pre_apply_mix-G11-m5.json", "1.0.0", False, None,
      "InternalError: Check failed: (!use_count_.count(v)) is false: variable i_mhc has been used before definition!",
      "G11"),
-    ("tile-kernels-1.0.0/cases/moe.expand_to_fused_with_sf-G12-no-token.json", "1.0.0", False, {"out", "sf"}, "",
+    ("1.0.0/moe.expand_to_fused_with_sf-G12-no-token.json", "1.0.0", False, {"out", "sf"}, "",
      "G12"),
-    # Session 6 (H200 runs 15, 16):
-    ("tile-kernels-1.0.0/cases/mhc.pre_split_mixes-F12-m4-one-token-divide-by-zero.json", "1.0.0", False, None,
+    ("1.0.0/mhc.pre_split_mixes-F12-m4-one-token-divide-by-zero.json", "1.0.0", False, None,
      "InternalError: Check failed: fb->value != 0 (0 vs. 0) : Divide by zero", "F12"),
-    ("tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m6-empty-batch-run16.json", "2.1.0", False, None,
+    ("2.1.0/mhc.pre_split_mixes-F12-m6-empty-batch-run16.json", "2.1.0", False, None,
      "InternalError: Check failed: (has_best) is false: no available layout found", "F12"),
-    ("tile-kernels-1.0.0/cases/mhc.pre_apply_mix-G11-m6-empty-batch.json", "1.0.0", False, None,
+    ("1.0.0/mhc.pre_apply_mix-G11-m6-empty-batch.json", "1.0.0", False, None,
      "InternalError: Check failed: (!use_count_.count(v)) is false: variable i_mhc has been used before definition!",
      "G11"),
-    ("tile-kernels-1.0.0/cases/moe.expand_to_fused-G12-no-token.json", "1.0.0", False, {"out"}, "", "G12"),
-    ("tile-kernels-1.0.0/cases/quant.per_block_cast-G14-inf.json", "1.0.0", False, {"sf"}, "", "G14"),
-    # run 22 (1.0.0's fuzz run): G14 with round_sf, G8 with one -inf that k reaches, F10 on 1.0.0
-    ("tile-kernels-1.0.0/cases/quant.per_block_cast-G14-inf-round_sf.json", "1.0.0", False, {"sf", "data"}, "",
+    ("1.0.0/moe.expand_to_fused-G12-no-token.json", "1.0.0", False, {"out"}, "", "G12"),
+    ("1.0.0/quant.per_block_cast-G14-inf.json", "1.0.0", False, {"sf"}, "", "G14"),
+    # G14 with round_sf, G8 with one -inf that k reaches, F10 on 1.0.0
+    ("1.0.0/quant.per_block_cast-G14-inf-round_sf.json", "1.0.0", False, {"sf", "data"}, "",
      "G14"),
-    ("tile-kernels-1.0.0/cases/moe.topk_gate-G8-one-neg-inf.json", "1.0.0", False, {"indices"}, "", "G8"),
-    ("tile-kernels-1.0.0/cases/engram.gate-F10-t0-gradients.json", "1.0.0", True, None,
+    ("1.0.0/moe.topk_gate-G8-one-neg-inf.json", "1.0.0", False, {"indices"}, "", "G8"),
+    ("1.0.0/engram.gate-F10-t0-gradients.json", "1.0.0", True, None,
      "RuntimeError: kernel engram_gate_bwd_kernel input grad_out strides[2] violates packed ABI constraint; "
      "expected: 0, got: 1", "F10"),
-    ("tile-kernels-2.1.0/cases/engram.gate-P1-empty-batch-gradients.json", "2.1.0", True, None,
+    ("2.1.0/engram.gate-P1-empty-batch-gradients.json", "2.1.0", True, None,
      "RuntimeError: kernel engram_gate_bwd_kernel_cuda input grad_out strides[2] violates packed ABI constraint; "
      "expected: 0, got: 1", "F10"),
 ]
 
 
 def _failure(path, backward, outputs, error):
-    case, meta = load_case(REPORTS / path)
+    case, meta = load_case(CASES / path)
     return case, Failure(meta["op"], backward, None if outputs is None else frozenset(outputs), error)
 
 
@@ -126,26 +125,26 @@ def test_a_case_outside_the_domain_is_not_excused():
     case.inputs["sf"] = case.inputs["sf"].abs() + 1.0
     assert known.known("2.1.0", case, failure) is None
     # F12's compile error where post_mult is not 0 would be new (m = 5 with post_mult 2 passes, 1 to 3 tokens).
-    case, _ = load_case(REPORTS / "tile-kernels-2.1.0/cases/mhc.pre_split_mixes-F12-m5.json")
+    case, _ = load_case(CASES / "2.1.0/mhc.pre_split_mixes-F12-m5.json")
     error = "InternalError: Check failed: (has_best) is false: no available layout found"
     assert known.known("2.1.0", case, Failure("mhc.pre_split_mixes", False, None, error)) is None
     # G8: the same repeated index on distinct finite scores would be new.
-    case, failure = _failure("tile-kernels-1.0.0/cases/moe.topk_gate-G8-tied-neg-inf.json", False, {"indices"}, "")
+    case, failure = _failure("1.0.0/moe.topk_gate-G8-tied-neg-inf.json", False, {"indices"}, "")
     case.inputs["scores"] = torch.tensor([[0.0, 1.0]])
     assert known.known("1.0.0", case, failure) is None
     # ... or on a -inf that k does not reach.
     case.inputs["scores"] = torch.tensor([[0.0, 1.0, -float("inf"), -float("inf")]])
     assert known.known("1.0.0", case, failure) is None
     # G14: an sf failing in a block cast without an inf in x would be new.
-    case, failure = _failure("tile-kernels-1.0.0/cases/quant.per_block_cast-G14-inf.json", False, {"sf"}, "")
+    case, failure = _failure("1.0.0/quant.per_block_cast-G14-inf.json", False, {"sf"}, "")
     case.inputs["x"] = case.inputs["x"].nan_to_num(posinf=1.0, neginf=-1.0)
     assert known.known("1.0.0", case, failure) is None
     # G13 is not declared: an e5m6 data failure on 1.0.0 always fails, off by one code or by more.
-    case, failure = _failure("tile-kernels-1.0.0/cases/quant.per_token_cast-G13-e5m6-subnormal-rounding.json", False,
+    case, failure = _failure("1.0.0/quant.per_token_cast-G13-e5m6-subnormal-rounding.json", False,
                              {"data"}, "")
     assert known.known("1.0.0", case, failure) is None
     # G12: unwritten rows when x has tokens would be new.
-    case, failure = _failure("tile-kernels-1.0.0/cases/moe.expand_to_fused_with_sf-G12-no-token.json", False,
+    case, failure = _failure("1.0.0/moe.expand_to_fused_with_sf-G12-no-token.json", False,
                              {"out"}, "")
     case.params["num_expanded_rows"] = 0
     assert known.known("1.0.0", case, failure) is None

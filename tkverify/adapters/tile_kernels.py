@@ -46,7 +46,7 @@ Conventions converted (exact), beside the layouts
   it is built from token_topk_to_pos (-1 on rows no pair maps to).
 
 The table of what maps to what, per version, is in
-``reports/tile-kernels-findings.md``; the findings reproduced there are
+``reports/tile-kernels/findings.md``; the findings reproduced there are
 recognised as known discrepancies (``tile_kernels_known.py``).
 """
 
