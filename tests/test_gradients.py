@@ -271,9 +271,9 @@ def test_report_has_a_gradient_table(tmp_path):
     merged = merge_gradient_shards((tmp_path / "shards").glob("*.json"))
     assert len(merged) == len(whole.gradients)
     for row in merged:
-        ref_row = whole.gradients[(row["op"], row["input"], row["impl"], row["check"])]
+        ref_row = whole.gradients[row.key]
         for field in ("cases", "count", "failures", "verdict", "max_error", "max_bound"):
-            assert row[field] == ref_row[field], field
+            assert getattr(row, field) == getattr(ref_row, field), field
 
     paths = write_report(tmp_path / "out", [], meta("ci", "torch"), gradients=merged)
     doc = json.loads(paths["json"].read_text())

@@ -77,6 +77,34 @@ def test_relative_policy():
     assert not c.passed and "relative error" in c.message and "index (0,)" in c.message
 
 
+def test_every_policy_words_a_failure_the_same_way():
+    """One format for every policy (`policies.failure_message`), the README's: how many elements fail,
+    then the worst with its value, the expected value, both codes and its ULP error; a policy with a
+    range per element adds it at the end.  An output rejected whole names what is wrong with it."""
+    from tkverify.policies import Bracket, ErrorBound, summation, within
+
+    c = bitwise(torch.int64).compare("indices", torch.tensor([[5]]), np.array([[0]]))
+    assert c.message == ("output 'indices' (int64, bitwise): 1 of 1 elements (100%) fail\n"
+                         "  worst at index (0, 0): actual 5, expected 0 (codes 0x5 vs 0x0), ULP error 5")
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0 + 2.0**-21])  # one fp32 ULP above 4
+    worst = ("1 of 4 elements (25%) fail\n  worst at index (3,): actual 4.00000048, expected 4 "
+             "(codes 0x40800001 vs 0x40800000), ULP error 1")
+    for policy, expected, bound, detail in (
+            (bitwise(), x, "bitwise", ""),
+            (ulp(max=0.5), x, "ULP error <= 0.5", ""),
+            (codes("fp32", 0), x, "code distance <= 0", ""),
+            (relative(1e-9), x, "relative error <= 1e-09", "; relative error 1.1920929e-07 there"),
+            (within("fp32"), Bracket(x, x, x), "within the allowed range", "; allowed [4, 4] there"),
+            (summation(), ErrorBound(x, np.zeros(4), "fp32"), "|y - exact| <= summation bound",
+             "; allowed +-0 (0 ULP) there")):
+        assert policy.compare("y", a, expected).message == f"output 'y' (fp32, {bound}): {worst}{detail}", policy
+    wrong_dtype = bitwise(torch.int64).compare("indices", torch.tensor([[5]], dtype=torch.int32), np.array([[0]]))
+    assert wrong_dtype.message == "output 'indices': dtype torch.int32, expected torch.int64"
+    assert ulp().compare("y", torch.zeros(3), np.zeros(2)).message == \
+        "output 'y': shape (3,) differs from the expected (2,)"
+
+
 def test_nan_must_stay_nan():
     x = np.array([np.nan, 1.0])
     assert ulp(max=0.5).compare("y", torch.tensor([np.nan, 1.0]), x).passed

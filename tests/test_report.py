@@ -6,6 +6,7 @@ import random
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,11 +34,71 @@ def test_merged_shards_equal_one_collector(tmp_path):
     merged = merge_shards(tmp_path.glob("*.json"))
     assert len(merged) == len(whole.rows)
     for row in merged:
-        ref = whole.rows[(row["op"], row["output"], row["format"], row["impl"])]
+        ref = whole.rows[row.key]
         for field in ("cases", "count", "exact_count", "failures", "hist", "verdict"):
-            assert row[field] == ref[field], field
+            assert getattr(row, field) == getattr(ref, field), field
         for field in ("max_ulp", "sum_ulp", "exact", "mean_ulp"):
-            assert row[field] == pytest.approx(ref[field]), field
+            assert getattr(row, field) == pytest.approx(getattr(ref, field)), field
+
+
+def test_every_table_merges_from_shards_as_one_collector_folds_it(tmp_path):
+    """Verdicts of all four tables, split over three collectors, written as shards and merged, give
+    the rows one collector folds (the values are multiples of 1/8, so that sums do not depend on the
+    order; a process's first call is its own, so `first_impl_s` is left out)."""
+    from tkverify.report import merge_gradient_shards, merge_speed_shards, merge_unsupported_shards
+
+    rng = random.Random(3)
+    whole, shards = Collector(), [Collector() for _ in range(3)]
+    for i in range(150):
+        op, impl = rng.choice(["a.x", "b.y"]), rng.choice(["torch", "lib"])
+        n = rng.randint(1, 8)
+        verdict = Comparison("y", rng.choice(["bf16", "e4m3"]), "ulp", n, rng.randint(0, n), i / 8, rng.randint(0, 64) / 8,
+                             {"0": n}, rng.random() > 0.2, worst={"index": [0], "ulp": i / 8},
+                             extra={"max_bound_used": rng.randint(0, 8) / 8})
+        check = SimpleNamespace(op=op, input="x", impl=impl, check=rng.choice(["vs_oracle", "consistency"]), unit="ULP",
+                                policy="ulp", count=n, exact=rng.randint(0, n), error=i / 16, sum_error=i / 8,
+                                bound=rng.choice([None, i / 4]), passed=rng.random() > 0.2, message="", worst=None)
+        timings = {"transfer": 0.125, "impl": rng.randint(1, 8) / 8, "oracle": 0.25, "judge": 0.5}
+        reason = rng.choice(["odd lengths", "no fp64", "known discrepancy T1: wrong"])
+        for c in (whole, shards[i % 3]):
+            c.add(op, impl, verdict, f"case {i}")
+            c.add_gradient(check, f"case {i}")
+            c.add_timings(op, impl, timings)
+            c.add_wall(op, impl, 1.5)
+            c.add_unsupported(op, impl, reason, 0.5)
+    for i, s in enumerate(shards):
+        s.write_shard(tmp_path / f"gw{i}.json", worker=f"gw{i}", gpu=None, pid=i)
+    paths = list(tmp_path.glob("*.json"))
+    for table, merged in (("rows", merge_shards(paths)), ("gradients", merge_gradient_shards(paths)),
+                          ("speed", merge_speed_shards(paths)), ("unsupported", merge_unsupported_shards(paths))):
+        folded = getattr(whole, table)
+        assert [r.key for r in merged] == sorted(folded), table
+        for row in merged:
+            got, want = row.to_json(), folded[row.key].to_json()
+            got.pop("first_impl_s", None), want.pop("first_impl_s", None)
+            assert got == want and list(got) == list(want), (table, row.key)
+
+
+def test_a_report_round_trips_through_its_json(tmp_path):
+    """report.json read back (`Report.from_json`) is the report that was written, and renders the same
+    markdown; a row written before a field existed reads with that field's default."""
+    from tkverify.report import Report, SpeedRow, render_markdown
+
+    col = Collector()
+    rng = random.Random(4)
+    for _ in range(20):
+        col.add("quant.cast", "torch", comparison(rng, "e4m3"))
+        col.add_timings("quant.cast", "torch", {"impl": 0.5})
+        col.add_unsupported("quant.cast", "torch", "no fp64", 0.25)
+    col.add_wall("quant.cast", "torch", 4.0)
+    report = Report(meta("ci", "torch"), list(col.rows.values()), [], list(col.speed.values()),
+                    list(col.unsupported.values()))
+    paths = write_report(tmp_path, report.results, report.meta, speed=report.speed, unsupported=report.unsupported)
+    again = Report.from_json(json.loads(paths["json"].read_text()))
+    assert again == report and again.to_json() == json.loads(paths["json"].read_text())
+    assert render_markdown(again) == paths["md"].read_text()
+    old = SpeedRow.from_json({"op": "fam.op", "impl": "lib", "examples": 2, "wall_s": 3.0})
+    assert old.refused_s == 0.0 and old.to_json()["refused_s"] == 0.0
 
 
 def test_written_report_has_the_promised_fields(tmp_path):
@@ -73,10 +134,10 @@ def test_speed_shards_sum_and_the_first_call_is_kept_apart(tmp_path):
         c.write_shard(tmp_path / f"gw{w}.json")
         workers.append(c)
     (row,) = merge_speed_shards(tmp_path.glob("*.json"))
-    assert row["examples"] == 5 and row["wall_s"] == 20.0
-    assert row["first_impl_s"] == pytest.approx(5.5)
-    assert row["impl_s"] == pytest.approx(5.5 + 3 * 0.02)
-    assert row["judge_s"] == pytest.approx(5 * 0.04)
+    assert row.examples == 5 and row.wall_s == 20.0
+    assert row.first_impl_s == pytest.approx(5.5)
+    assert row.impl_s == pytest.approx(5.5 + 3 * 0.02)
+    assert row.judge_s == pytest.approx(5 * 0.04)
     text = "\n".join(speed_markdown([row]))
     assert "| fam.op | torch | 5 | 20.00 | 0.2 |" in text
 
@@ -90,8 +151,8 @@ def test_refused_examples_count_as_their_own_phase_and_backward_refusals_stay_ou
     c.add_unsupported("fam.op (backward)", "lib", "no backward here", 2.0)
     c.add_wall("fam.op", "lib", 8.0)
     c.write_shard(tmp_path / "gw0.json")
-    rows = {r["op"]: r for r in merge_speed_shards(tmp_path.glob("*.json"))}
-    assert rows["fam.op"]["refused_s"] == pytest.approx(6.0)
+    rows = {r.op: r for r in merge_speed_shards(tmp_path.glob("*.json"))}
+    assert rows["fam.op"].refused_s == pytest.approx(6.0)
     text = "\n".join(speed_markdown(list(rows.values())))
     assert "| fam.op | lib | 1 | 8.00 | 0.1 | 1.00 | 0% | 12% | 0% | 0% | 75% | 12% |" in text
     assert "backward" not in text
@@ -106,7 +167,7 @@ def test_speed_shards_from_before_the_refused_phase_still_merge(tmp_path):
            "transfer_s": 0.0, "impl_s": 1.5, "oracle_s": 0.1, "judge_s": 0.1}
     (tmp_path / "gw0.json").write_text(json.dumps({"speed": [old]}))
     (row,) = merge_speed_shards(tmp_path.glob("*.json"))
-    assert row["refused_s"] == 0 and row["impl_s"] == 1.5
+    assert row.refused_s == 0 and row.impl_s == 1.5
 
 
 def test_shard_summary_checks_that_the_merge_is_the_union(tmp_path):

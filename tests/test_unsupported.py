@@ -1,10 +1,15 @@
-"""Cases an implementation cannot run (`tkverify.registry.Unsupported`): counted and reported as
+"""Cases an implementation cannot run (`tkverify.Unsupported`): counted and reported as
 unsupported with their reasons, never judged, never saved as failing cases; a test whose every
 case is refused is skipped.  A toy implementation on the CPU stands in for a library."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +21,8 @@ from tkverify.case import Case, save_case
 from tkverify.check import UnsupportedCasesWarning, check_case
 from tkverify.policies import bitwise
 from tkverify.registry import Impl, OpSpec, Unsupported
-from tkverify.report import Collector, _known_note, merge_unsupported_shards, meta, write_report
+from tkverify.report import Collector, ResultRow, UnsupportedRow, merge_unsupported_shards, meta, write_report
+from tkverify.report.render import _known_note
 from tkverify.suite import verify
 
 OP = "toy.negate"
@@ -56,12 +62,13 @@ def test_refused_cases_are_counted_not_judged(toy, tmp_path):
         warnings.simplefilter("always")
         verify(toy, toy.impls["picky"], case_dir=tmp_path, record=collector.record,
                record_unsupported=collector.add_unsupported)
-    refused = collector.unsupported[(OP, "picky")]
-    assert list(refused) == ["toylib 0.1 negates even lengths only"] and refused["toylib 0.1 negates even lengths only"] > 0
-    assert collector.speed[(OP, "picky")]["refused_s"] > 0  # the fuzzing-speed table's own phase
+    refused = collector.unsupported[(OP, "picky")].reasons
+    assert list(refused) == ["toylib 0.1 negates even lengths only"]
+    assert refused["toylib 0.1 negates even lengths only"] > 0
+    assert collector.speed[(OP, "picky")].refused_s > 0  # the fuzzing-speed table's own phase
     # The cases that ran were judged (and passed); none of the refused ones left a case file.
     row = collector.rows[(OP, "y", "fp32", "picky")]
-    assert row["cases"] > 0 and row["verdict"] == "pass"
+    assert row.cases > 0 and row.verdict == "pass"
     assert not list(tmp_path.iterdir())
     warned = [w for w in seen if issubclass(w.category, UnsupportedCasesWarning)]
     assert len(warned) == 1 and "toy.negate[picky] unsupported:" in str(warned[0].message)
@@ -99,8 +106,8 @@ def test_report_lists_unsupported_cases_per_op_and_impl(tmp_path):
         s.write_shard(tmp_path / "shards" / f"gw{i}.json", worker=f"gw{i}", gpu=None, pid=0)
     merged = merge_unsupported_shards((tmp_path / "shards").glob("*.json"))
     assert merged == [
-        {"op": OP, "impl": "picky", "cases": 3, "reasons": {"odd lengths": 2, "no fp64": 1}},
-        {"op": "toy.other", "impl": "none", "cases": 1, "reasons": {"no op": 1}},
+        UnsupportedRow(OP, "picky", 3, {"odd lengths": 2, "no fp64": 1}),
+        UnsupportedRow("toy.other", "none", 1, {"no op": 1}),
     ]
     paths = write_report(tmp_path / "out", [], meta("ci", "picky"), unsupported=merged)
     md = paths["md"].read_text()
@@ -137,6 +144,57 @@ def test_unsupported_is_not_an_exception_an_implementation_error_handler_catches
     assert np.isfinite(1.0)
 
 
+_REFUSING_TESTS = textwrap.dedent("""\
+    import pytest
+    from hypothesis import given, strategies as st
+
+    import tkverify
+
+
+    def call_the_library():
+        raise tkverify.Unsupported("toylib 0.1 has no negate")
+
+
+    def test_called_directly():
+        call_the_library()
+
+
+    @given(st.integers())
+    def test_under_hypothesis(n):
+        call_the_library()
+
+
+    @pytest.fixture
+    def library():
+        call_the_library()
+
+
+    def test_in_a_fixture(library):
+        pass
+
+
+    def test_a_failure_still_fails():
+        assert False
+""")
+
+
+def test_an_unsupported_that_reaches_a_test_is_a_skip_with_its_reason(tmp_path):
+    """The plugin reports it as pytest reports its own skips: at the line that raised it (a fixture's:
+    at the test), with the exception's line as the reason."""
+    (tmp_path / "test_refusing.py").write_text(_REFUSING_TESTS)
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
+                             "test_refusing.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    lines = _REFUSING_TESTS.splitlines()
+    raised_at = lines.index('    raise tkverify.Unsupported("toylib 0.1 has no negate")') + 1
+    fixture_user = lines.index("def test_in_a_fixture(library):") + 1
+    reason = "tkverify.registry.Unsupported: toylib 0.1 has no negate"
+    assert f"SKIPPED [2] test_refusing.py:{raised_at}: {reason}" in result.stdout, result.stdout
+    assert f"SKIPPED [1] test_refusing.py:{fixture_user}: {reason}" in result.stdout, result.stdout
+    assert "1 failed, 3 skipped" in result.stdout, result.stdout
+
+
 # -- known discrepancies: a failure the implementation's `known` hook recognises --------------
 
 
@@ -153,12 +211,12 @@ def test_a_known_failure_is_counted_under_its_finding_and_a_new_one_still_fails(
     impl = Impl("toylib", _wrong_on_long, device="cpu", known=_knows_the_long_case)
     collector = Collector()
     verify(toy, impl, case_dir=tmp_path, record=collector.record, record_unsupported=collector.add_unsupported)
-    reasons = collector.unsupported[(OP, "toylib")]
+    reasons = collector.unsupported[(OP, "toylib")].reasons
     assert list(reasons) == ["known discrepancy T1 (toy findings): no negation from length 5"]
     # An excused example was judged: its seconds are in the judged phases, not a second time as refused.
-    assert collector.speed[(OP, "toylib")]["refused_s"] == 0 and collector.speed[(OP, "toylib")]["impl_s"] > 0
+    assert collector.speed[(OP, "toylib")].refused_s == 0 and collector.speed[(OP, "toylib")].impl_s > 0
     # The row keeps the failing elements; no case file is left for an excused failure.
-    assert collector.rows[(OP, "y", "fp32", "toylib")]["verdict"] == "fail"
+    assert collector.rows[(OP, "y", "fp32", "toylib")].verdict == "fail"
     assert not list(tmp_path.iterdir())
     # Without the hook, or where it does not recognise the failure, the same failure fails.
     with pytest.raises(AssertionError):
@@ -190,10 +248,13 @@ def test_report_separates_known_discrepancies_from_refusals(tmp_path):
 
 
 def test_the_verdict_line_points_failing_rows_to_their_known_discrepancies():
-    rows = [{"op": OP, "impl": "toylib", "verdict": "fail"}]
-    known = [{"op": OP, "impl": "toylib", "cases": 1, "reasons": {"known discrepancy T1 (toy): x": 1}}]
-    refused = [{"op": "toy.other", "impl": "toylib", "cases": 1, "reasons": {"odd lengths": 1}}]
+    def failing(op):
+        return ResultRow(op, "y", "fp32", "toylib", "bitwise", cases=1, failures=1, verdict="fail")
+
+    rows = [failing(OP)]
+    known = [UnsupportedRow(OP, "toylib", 1, {"known discrepancy T1 (toy): x": 1})]
+    refused = [UnsupportedRow("toy.other", "toylib", 1, {"odd lengths": 1})]
     assert "1 failing rows all belong to (op, implementation) pairs with known discrepancies" in \
         _known_note(rows, known + refused)
-    assert _known_note(rows + [{"op": "toy.other", "impl": "toylib", "verdict": "fail"}], known + refused) == ""
+    assert _known_note(rows + [failing("toy.other")], known + refused) == ""
     assert _known_note([], known) == ""

@@ -19,16 +19,26 @@
                     `summation_error`) plus one rounding to fmt; holds where
                     terms cancel, ULP statistics still in fmt.
 
-Every policy returns a `Comparison` carrying the statistics the report needs
-(count, exact share, max and mean ULP, a histogram of code distances) and, when
-it fails, a message that names the worst element the way `torch.testing` does.
+Every policy measures its output element by element into an `Outcome` (ULP
+error, code distance and bitwise equality against the exact value, and its own
+verdict per element); `summarise` folds that into the `Comparison` the report
+needs (count, exact share, max and mean ULP, a histogram of code distances) and,
+when it fails, a message from `failure_message`, one format for every policy,
+that names the worst element the way `torch.testing` does:
+
+    output 'indices' (int64, bitwise): 1 of 1 elements (100%) fail
+      worst at index (0, 0): actual 5, expected 0 (codes 0x5 vs 0x0), ULP error 5
+
+A policy with a range per element adds it at the end of the second line (within:
+"; allowed [low, high] there").  An output rejected as a whole (shape, dtype,
+layout) fails with `Comparison.rejected`: "output 'NAME': the reason".
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -77,6 +87,36 @@ class Comparison:
     # Extra figures a policy or op wants in the report (e.g. Sinkhorn's row sums).
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
 
+    @classmethod
+    def rejected(cls, output: str, fmt: str, policy: str, reason: str) -> Comparison:
+        """A failure of the output as a whole (its shape, dtype or layout), before any element is judged."""
+        return cls(output, fmt, policy, 0, 0, math.inf, 0.0, {}, False, message=f"output {output!r}: {reason}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Outcome:
+    """What a policy measured on one output, element by element; `summarise` folds it into a `Comparison`.
+
+    Every array has the output's shape.  ``ulp_error``, ``distance`` and ``exact`` are measured
+    against the exact (or correctly rounded) value whatever the policy is, so that every report row
+    has the same statistics; ``passed`` is the policy's own verdict per element.
+    """
+
+    output: str             # the output's name
+    fmt: str                # the format of its codes (an integer output: its dtype)
+    policy: str             # the policy's name, as the report row gives it
+    bound: str              # what the policy holds each element to, as the failure message states it
+    ulp_error: np.ndarray   # ULP error against the exact value (inf where the bits must match and do not)
+    distance: np.ndarray    # code distance to the correctly rounded value
+    exact: np.ndarray       # bitwise equal to the correctly rounded value
+    passed: np.ndarray      # the policy's verdict
+    actual: np.ndarray      # the values, as the message names them
+    expected: np.ndarray
+    actual_codes: np.ndarray
+    expected_codes: np.ndarray
+    # What the policy adds about the worst element of a failure (the range it allowed there), from its index.
+    detail: Callable[[tuple[int, ...]], str] | None = None
+
 
 def _as_numpy(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
@@ -96,48 +136,43 @@ def _fmt_value(v: float) -> str:
     return f"{v:.9g}"
 
 
-def _shape_mismatch(output: str, actual_shape, expected_shape, policy: str, fmt: str) -> Comparison:
-    return Comparison(
-        output, fmt, policy, 0, 0, math.inf, 0.0, {}, False,
-        message=f"output {output!r}: shape {tuple(actual_shape)} differs from the expected {tuple(expected_shape)}",
-    )
+def failure_message(output: str, fmt: str, bound: str, failing: int, count: int, worst: dict[str, Any],
+                    detail: str = "") -> str:
+    """The message of a failed output, the way `torch.testing` words one: how many elements fail, then
+    the worst of them with its value, the expected value, both codes and its ULP error."""
+    return (f"output {output!r} ({fmt}, {bound}): {failing} of {count} elements ({100.0 * failing / count:.3g}%) "
+            f"fail\n  worst at index {tuple(worst['index'])}: actual {worst['actual']}, expected {worst['expected']} "
+            f"(codes {worst['actual_code']:#x} vs {worst['expected_code']:#x}), ULP error {_fmt_value(worst['ulp'])}"
+            f"{detail}")
 
 
-def _summarise(output, fmt_name, policy, err, distance, exact_mask, passed_mask, actual_v, expected_v,
-               actual_codes, expected_codes, shape, describe_policy) -> Comparison:
-    """Fold per-element errors into a Comparison; name the worst element on failure."""
-    n = int(err.size)
-    finite_err = np.where(np.isfinite(err), err, 0.0)
-    max_ulp = float(err.max()) if n else 0.0
+def summarise(o: Outcome) -> Comparison:
+    """Fold an `Outcome` into a Comparison; name the worst element, and on failure say why."""
+    n = int(o.ulp_error.size)
+    finite_err = np.where(np.isfinite(o.ulp_error), o.ulp_error, 0.0)
     comp = Comparison(
-        output=output, fmt=fmt_name, policy=policy, count=n,
-        exact=int(np.count_nonzero(exact_mask)), max_ulp=max_ulp,
-        sum_ulp=float(finite_err.sum()), hist=distance_histogram(distance),
-        passed=bool(passed_mask.all()) if n else True,
+        output=o.output, fmt=o.fmt, policy=o.policy, count=n, exact=int(np.count_nonzero(o.exact)),
+        max_ulp=float(o.ulp_error.max()) if n else 0.0, sum_ulp=float(finite_err.sum()),
+        hist=distance_histogram(o.distance), passed=bool(o.passed.all()) if n else True,
     )
-    if n:
-        # The worst element: the largest error, the first mismatch among equals.
-        bad = ~passed_mask.ravel()
-        pool = np.flatnonzero(bad) if bad.any() else np.arange(n)
-        flat = int(pool[np.argmax(err.ravel()[pool])])
-        idx = _index(flat, shape)
-        comp.worst = {
-            "index": list(idx),
-            "actual": _fmt_value(actual_v.ravel()[flat]),
-            "expected": _fmt_value(expected_v.ravel()[flat]),
-            "actual_code": int(actual_codes.ravel()[flat]),
-            "expected_code": int(expected_codes.ravel()[flat]),
-            "ulp": float(err.ravel()[flat]),
-        }
-        if not comp.passed:
-            w = comp.worst
-            n_bad = int(bad.sum())
-            comp.message = (
-                f"output {output!r} ({fmt_name}, {describe_policy}): {n_bad} of {n} elements "
-                f"({100.0 * n_bad / n:.3g}%) fail\n"
-                f"  worst at index {tuple(w['index'])}: actual {w['actual']}, expected {w['expected']} "
-                f"(codes {w['actual_code']:#x} vs {w['expected_code']:#x}), ULP error {_fmt_value(w['ulp'])}"
-            )
+    if not n:
+        return comp
+    # The worst element: the largest error, the first mismatch among equals.
+    bad = ~o.passed.ravel()
+    pool = np.flatnonzero(bad) if bad.any() else np.arange(n)
+    flat = int(pool[np.argmax(o.ulp_error.ravel()[pool])])
+    idx = _index(flat, o.actual_codes.shape)
+    comp.worst = {
+        "index": list(idx),
+        "actual": _fmt_value(o.actual.ravel()[flat]),
+        "expected": _fmt_value(o.expected.ravel()[flat]),
+        "actual_code": int(o.actual_codes.ravel()[flat]),
+        "expected_code": int(o.expected_codes.ravel()[flat]),
+        "ulp": float(o.ulp_error.ravel()[flat]),
+    }
+    if not comp.passed:
+        comp.message = failure_message(o.output, o.fmt, o.bound, int(bad.sum()), n, comp.worst,
+                                       o.detail(idx) if o.detail is not None else "")
     return comp
 
 
@@ -163,33 +198,39 @@ def _float_format(fmt: str | formats.Format | None, actual: Any) -> formats.Form
     raise TypeError("the policy needs fmt= for outputs that are not float tensors")
 
 
-def _compare_integers(output: str, actual: np.ndarray, expected: np.ndarray, policy: str, max_dist: int) -> Comparison:
-    """Integers are their own codes: the distance is |actual - expected|."""
+def _shape_mismatch(output: str, actual_shape, expected_shape, policy: str, fmt: str) -> Comparison:
+    return Comparison.rejected(output, fmt, policy,
+                               f"shape {tuple(actual_shape)} differs from the expected {tuple(expected_shape)}")
+
+
+def _codes_of(actual: Any, fmt: formats.Format) -> np.ndarray:
+    """The codes of an output of `fmt`: a float tensor's bits, or codes given as integers."""
+    if isinstance(actual, torch.Tensor) and actual.is_floating_point():
+        return formats.codes_of(actual)
+    return _as_numpy(actual).astype(fmt.code_dtype)
+
+
+def _integer_outcome(output: str, actual: np.ndarray, expected: np.ndarray, policy: str, bound: str) -> Outcome:
+    """Integers are their own codes: the distance and the "ULP error" are |actual - expected|;
+    `passed` is exact equality (a policy with a tolerance replaces it)."""
     a = actual.astype(np.int64)
     e = expected.astype(np.int64)
     dist = np.abs(a - e)
-    return _summarise(
-        output, str(actual.dtype), policy, dist.astype(np.float64), dist, dist == 0, dist <= max_dist,
-        a, e, a, e, actual.shape, policy if policy == "bitwise" else f"{policy} <= {max_dist}",
-    )
+    return Outcome(output, str(actual.dtype), policy, bound, dist.astype(np.float64), dist, dist == 0, dist == 0,
+                   a, e, a, e)
 
 
-def _compare_codes(output: str, fmt: formats.Format, a_codes: np.ndarray, expected: np.ndarray,
-                   policy: str, bound_desc: str, max_ulp: float | None, max_dist: int | None,
-                   bitwise: bool, ok: np.ndarray | None = None) -> Comparison:
-    """Judge codes of `fmt` against the exact float64 values `expected` (or by the mask `ok`)."""
-    e_codes = fmt.encode(expected.astype(np.float64))
+def _code_outcome(output: str, fmt: formats.Format, a_codes: np.ndarray, expected: np.ndarray, policy: str,
+                  bound: str) -> Outcome:
+    """Codes of `fmt` against the exact float64 values `expected`; `passed` is bitwise equality to the
+    correctly rounded value (NaN as NaN), which each policy but `bitwise` replaces by its own verdict."""
+    exact = expected.astype(np.float64)
+    e_codes = fmt.encode(exact)
     a_val = fmt.decode(a_codes)
-    err = fmt.ulp_error(a_val, expected.astype(np.float64))
-    dist = fmt.code_distance(a_codes, e_codes)
     both_nan = np.isnan(a_val) & np.isnan(fmt.decode(e_codes))
     same_bits = (a_codes.astype(np.int64) == e_codes.astype(np.int64)) | both_nan
-    if ok is None:
-        ok = same_bits if bitwise else (dist <= max_dist if max_dist is not None else err <= max_ulp)
-    return _summarise(
-        output, fmt.name, policy, err, dist, same_bits, ok, a_val, expected, a_codes, e_codes,
-        a_codes.shape, bound_desc,
-    )
+    return Outcome(output, fmt.name, policy, bound, fmt.ulp_error(a_val, exact), fmt.code_distance(a_codes, e_codes),
+                   same_bits, same_bits, a_val, expected, a_codes, e_codes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,26 +241,24 @@ class Bitwise(Policy):
 
     def compare(self, output: str, actual: Any, expected: Any) -> Comparison:
         if self.dtype is not None and isinstance(actual, torch.Tensor) and actual.dtype != self.dtype:
-            return Comparison(output, str(actual.dtype), "bitwise", 0, 0, math.inf, 0.0, {}, False,
-                              message=f"output {output!r}: dtype {actual.dtype}, expected {self.dtype}")
+            return Comparison.rejected(output, str(actual.dtype), "bitwise",
+                                       f"dtype {actual.dtype}, expected {self.dtype}")
         if tuple(actual.shape) != tuple(expected.shape):
             return _shape_mismatch(output, actual.shape, expected.shape, "bitwise", str(getattr(actual, "dtype", "")))
-        if isinstance(actual, torch.Tensor) and actual.is_floating_point():
-            fmt = formats.of_dtype(actual.dtype)
-            exp = expected
-            if isinstance(expected, torch.Tensor):
-                if expected.dtype != actual.dtype:
-                    raise TypeError(f"output {output!r}: oracle gave {expected.dtype} for a {actual.dtype} output")
-                exp = fmt.decode(formats.codes_of(expected))
-                # Moving bits: compare raw codes so NaN payloads count too.
-                a, e = formats.codes_of(actual).astype(np.int64), formats.codes_of(expected).astype(np.int64)
-                same = a == e
-                dist = np.where(same, 0, fmt.code_distance(a, e).clip(min=1))
-                return _summarise(output, fmt.name, "bitwise", np.where(same, 0.0, np.inf), dist, same, same,
-                                  fmt.decode(a), exp, a, e, a.shape, "bitwise")
-            return _compare_codes(output, fmt, formats.codes_of(actual), _as_numpy(exp), "bitwise", "bitwise",
-                                  None, None, bitwise=True)
-        return _compare_integers(output, _as_numpy(actual), _as_numpy(expected), "bitwise", 0)
+        if not (isinstance(actual, torch.Tensor) and actual.is_floating_point()):
+            return summarise(_integer_outcome(output, _as_numpy(actual), _as_numpy(expected), "bitwise", "bitwise"))
+        fmt = formats.of_dtype(actual.dtype)
+        if not isinstance(expected, torch.Tensor):
+            return summarise(_code_outcome(output, fmt, formats.codes_of(actual), _as_numpy(expected), "bitwise",
+                                           "bitwise"))
+        if expected.dtype != actual.dtype:
+            raise TypeError(f"output {output!r}: oracle gave {expected.dtype} for a {actual.dtype} output")
+        # Moving bits: compare raw codes so NaN payloads count too.
+        a, e = formats.codes_of(actual).astype(np.int64), formats.codes_of(expected).astype(np.int64)
+        same = a == e
+        dist = np.where(same, 0, fmt.code_distance(a, e).clip(min=1))
+        return summarise(Outcome(output, fmt.name, "bitwise", "bitwise", np.where(same, 0.0, np.inf), dist, same,
+                                 same, fmt.decode(a), fmt.decode(formats.codes_of(expected)), a, e))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,8 +273,8 @@ class Ulp(Policy):
             return _shape_mismatch(output, actual.shape, expected.shape, "ulp", str(self.fmt))
         fmt = _float_format(self.fmt, actual)
         codes = formats.codes_of(actual) if isinstance(actual, torch.Tensor) else _as_numpy(actual)
-        return _compare_codes(output, fmt, codes, _as_numpy(expected), "ulp", f"ULP error <= {self.max:g}",
-                              self.max, None, bitwise=False)
+        o = _code_outcome(output, fmt, codes, _as_numpy(expected), "ulp", f"ULP error <= {self.max:g}")
+        return summarise(dataclasses.replace(o, passed=o.ulp_error <= self.max))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,10 +292,9 @@ class Codes(Policy):
         if tuple(actual.shape) != tuple(expected.shape):
             return _shape_mismatch(output, actual.shape, expected.shape, "codes", self.fmt)
         fmt = formats.get(self.fmt)
-        codes = formats.codes_of(actual) if isinstance(actual, torch.Tensor) and actual.is_floating_point() \
-            else _as_numpy(actual).astype(fmt.code_dtype)
-        return _compare_codes(output, fmt, codes, _as_numpy(expected), "codes", f"code distance <= {self.max}",
-                              None, self.max, bitwise=False)
+        o = _code_outcome(output, fmt, _codes_of(actual, fmt), _as_numpy(expected), "codes",
+                          f"code distance <= {self.max}")
+        return summarise(dataclasses.replace(o, passed=o.distance <= self.max))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,18 +331,14 @@ class Within(Policy):
         if tuple(actual.shape) != tuple(np.shape(expected.exact)):
             return _shape_mismatch(output, actual.shape, np.shape(expected.exact), "within", str(self.fmt))
         fmt = _float_format(self.fmt, actual)
-        codes = formats.codes_of(actual) if isinstance(actual, torch.Tensor) and actual.is_floating_point() \
-            else _as_numpy(actual).astype(fmt.code_dtype)
-        a = fmt.decode(codes)
+        o = _code_outcome(output, fmt, _codes_of(actual, fmt), np.asarray(expected.exact, dtype=np.float64),
+                          "within", "within the allowed range")
+        a = o.actual
         low, high = (np.broadcast_to(np.asarray(v, dtype=np.float64), a.shape) for v in (expected.low, expected.high))
         unconstrained = (low == -np.inf) & (high == np.inf)
         ok = unconstrained | (np.isnan(a) & np.isnan(low)) | ((a >= low) & (a <= high))
-        comp = _compare_codes(output, fmt, codes, np.asarray(expected.exact, dtype=np.float64), "within",
-                              "within the allowed range", None, None, bitwise=False, ok=ok)
-        if not comp.passed:
-            at = tuple(comp.worst["index"])
-            comp.message += f"; allowed [{_fmt_value(low[at])}, {_fmt_value(high[at])}] there"
-        return comp
+        return summarise(dataclasses.replace(
+            o, passed=ok, detail=lambda at: f"; allowed [{_fmt_value(low[at])}, {_fmt_value(high[at])}] there"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,7 +346,9 @@ class Relative(Policy):
     """|actual - exact| <= max * |exact| per element (NaN and inf must match exactly).
 
     The ULP figures in the report are still given in the output's format, so
-    that a relative bound and the ULPs it allows can be read side by side.
+    that a relative bound and the ULPs it allows can be read side by side; the
+    failure message names the failing element of the largest ULP error, with
+    its relative error.
     """
 
     max: float
@@ -323,26 +359,16 @@ class Relative(Policy):
             return _shape_mismatch(output, actual.shape, expected.shape, "relative", str(self.fmt))
         fmt = _float_format(self.fmt, actual)
         a_codes = formats.codes_of(actual) if isinstance(actual, torch.Tensor) else _as_numpy(actual)
-        comp = _compare_codes(output, fmt, a_codes, _as_numpy(expected), "relative",
-                              f"relative error <= {self.max:g}", math.inf, None, bitwise=False)
-        a = fmt.decode(a_codes)
+        o = _code_outcome(output, fmt, a_codes, _as_numpy(expected), "relative", f"relative error <= {self.max:g}")
+        a = o.actual
         x = _as_numpy(expected).astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             rel = np.abs(a - x) / np.abs(x)
         same_special = (np.isnan(a) & np.isnan(x)) | (a == x)
         rel = np.where(same_special, 0.0, np.where(np.isnan(rel), np.inf, rel))
-        ok = rel <= self.max
-        comp.passed = bool(ok.all())
+        comp = summarise(dataclasses.replace(
+            o, passed=rel <= self.max, detail=lambda at: f"; relative error {_fmt_value(rel[at])} there"))
         comp.extra["max_relative"] = float(rel.max()) if rel.size else 0.0
-        if not comp.passed:
-            flat = int(np.argmax(np.where(ok, -1.0, rel).ravel()))
-            idx = _index(flat, a.shape)
-            comp.message = (
-                f"output {output!r} ({fmt.name}, relative error <= {self.max:g}): "
-                f"{int((~ok).sum())} of {a.size} elements fail\n"
-                f"  worst at index {idx}: actual {_fmt_value(a.ravel()[flat])}, "
-                f"expected {_fmt_value(x.ravel()[flat])}, relative error {_fmt_value(rel.ravel()[flat])}"
-            )
         return comp
 
 
@@ -504,8 +530,8 @@ class Summation(Policy):
             return _shape_mismatch(output, actual.shape, exact.shape, "summation", str(expected.fmt or self.fmt))
         fmt = _float_format(expected.fmt or self.fmt, actual)
         if isinstance(actual, torch.Tensor) and actual.is_floating_point() and formats.of_dtype(actual.dtype) != fmt:
-            return Comparison(output, fmt.name, "summation", 0, 0, math.inf, 0.0, {}, False,
-                              message=f"output {output!r}: dtype {actual.dtype}, expected a {fmt.name} output")
+            return Comparison.rejected(output, fmt.name, "summation",
+                                       f"dtype {actual.dtype}, expected a {fmt.name} output")
         codes = formats.codes_of(actual) if isinstance(actual, torch.Tensor) else _as_numpy(actual)
         y = fmt.decode(codes)
         error = np.broadcast_to(np.asarray(expected.error, dtype=np.float64), exact.shape)
@@ -519,19 +545,17 @@ class Summation(Policy):
                           (np.isnan(exact) & np.isnan(y)) | (y == exact))
             if expected.reach is not None:
                 ok |= self.intermediate_overflow(y, *expected.reach)
-        comp = _compare_codes(output, fmt, codes, exact, "summation", "|y - exact| <= summation bound",
-                              None, None, bitwise=False, ok=ok)
         ulp_of_exact = fmt.ulp(exact)
+        o = _code_outcome(output, fmt, codes, exact, "summation", "|y - exact| <= summation bound")
+        comp = summarise(dataclasses.replace(
+            o, passed=ok, detail=lambda at: f"; allowed +-{_fmt_value(allowed[at])} "
+                                            f"({_fmt_value(allowed[at] / ulp_of_exact[at])} ULP) there"))
         finite = np.isfinite(exact) & np.isfinite(y)
         with np.errstate(invalid="ignore", divide="ignore"):
             used = np.where(deviation == 0, 0.0, deviation / allowed)
         if exact.size:
             comp.extra["max_allowed_ulp"] = float(np.max(np.where(finite, allowed / ulp_of_exact, 0.0)))
             comp.extra["max_bound_used"] = float(np.max(np.where(finite, used, 0.0)))
-        if not comp.passed:
-            at = tuple(comp.worst["index"])
-            comp.message += (f"; allowed +-{_fmt_value(allowed[at])} "
-                             f"({_fmt_value(allowed[at] / ulp_of_exact[at])} ULP) there")
         return comp
 
     @staticmethod
