@@ -16,15 +16,18 @@ Two times per row:
 
 Both bound the device time from above, so a row is judged by the smaller
 (`best_time_us`).  The replay is usually the smaller, by the host work it
-leaves out; but in H200 run 23 the replays of six of our kernels (mhc.post,
-expand_to_fused, reduce_fused, cast_back, the block and e2m1 casts) ran
-5-11% slower than their eager calls, while Nsight Compute's own kernel
-durations matched the eager times (post 497 us: eager 501, replay 555;
-expand 648: 662 and 720; reduce 474: 482 and 532).  Those gaps are about
-one L2 flush's time, like the slow reps after the flush by writing (see
-`l2_flusher`); with the flush by reading, run 54 still had replays of post,
-expand and reduce 51-53 us above their eager calls, run 55 none.  The cause
-is not found (docs/DECISIONS.md, session 12).
+leaves out; but on the H200 the replays of six of our kernels (mhc.post,
+expand_to_fused, reduce_fused, cast_back, the block and e2m1 casts) can take
+5-11% longer than their eager calls, while Nsight Compute's own kernel
+durations match the eager times (post 497 us: eager 501, replay 555;
+expand 648: 662 and 720; reduce 474: 482 and 532;
+reports/evidence/framework.md#graph-replay-vs-eager).  Those gaps are about
+one L2 flush's time, like the slow reps after a flush by writing (see
+`l2_flusher`); with the flush by reading they are rarer, not gone: a bench
+run right after the whole suite had the replays of post, expand and reduce
+51-53 us above their eager calls, the bench alone none
+(reports/evidence/framework.md#l2-flush).  Their cause is
+not known (docs/DECISIONS.md#framework-bench-timing).
 
 The timing needs CUDA; everything else here (selecting ops, ratios, merging
 runs, the markdown) is plain Python and tested on CPU.
@@ -52,16 +55,16 @@ def l2_flusher() -> Callable[[], None]:
     """A call that evicts L2 by reading L2_FLUSH_BYTES of a buffer of its own (a sum).
 
     256 MiB of reads replace the H200's L2 several times over; that they evict
-    as a write would is reasoned, not measured (docs/DECISIONS.md, session 12).
+    as a write would is reasoned, not measured.
 
-    Reading, not writing: a flush that writes (the bench's until 2026-11-30, a
-    256 MiB zero_) leaves L2 full of dirty lines, and on the H200 some of the
-    memory-bound calls timed right after it took one flush's time longer
-    (about 60 us): expand_to_fused's reps were bimodal, 600 and 663 us, and
-    the median of 30 landed on either (runs 47-49: 601 to 660 us at the same
-    kernels; reduce_fused 488 and 534).  Flushed by reading, or by writing and
-    then sleeping 2 ms, no rep was slow in scripts/time_spread.py's runs 52, 53
-    and 55; the bench's own run 54 still had slow replays (module docstring).
+    Reading, not writing: a flush that writes (a 256 MiB zero_) leaves L2 full
+    of dirty lines, and on the H200 some of the memory-bound calls timed right
+    after it take one flush's time longer (about 60 us): expand_to_fused's reps
+    are bimodal, 600 and 663 us, and the median of 30 lands on either (its
+    bench row 601 or 660 us at the same kernels; reduce_fused 488 and 540).
+    Flushed by reading, or by writing and then sleeping 2 ms, no rep of the
+    per-rep series is slow, though a bench run can still show slow replays
+    (module docstring).  Figures: reports/evidence/framework.md#l2-flush.
     """
     flush = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device="cuda")
     sink = torch.empty((), dtype=torch.int64, device="cuda")
@@ -128,8 +131,8 @@ def copy_bandwidth(nbytes: int = 2 * 2**30) -> float:
 def write_bandwidth(nbytes: int = 2 * 2**30) -> float:
     """Write-only bandwidth in bytes/s (a fill): the ceiling of ops that write far more than they read.
 
-    The fill is of fp32, not bytes: torch fills a uint8 tensor 4 bytes a store, at 3.3 TB/s on the H200
-    (runs 14-17), where 16-byte stores of noise write 4.3-4.6 TB/s (run 19, scripts/write_rate.cu)."""
+    The fill is of fp32, not bytes: torch fills a uint8 tensor 4 bytes a store, at 3.3 TB/s on the H200, where
+    16-byte stores of noise write 4.3-4.6 TB/s (reports/evidence/framework.md#write-only-reference)."""
     dst = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
     return nbytes / median_time_s(lambda: dst.fill_(1.0), flush_l2=False)
 
@@ -335,9 +338,9 @@ def measured_notes(row: dict[str, Any]) -> list[str]:
 
 
 def attach_counters(doc: dict[str, Any], directory: Path, impl: str = "tilelang") -> int:
-    """Give each `impl` row whose shape has a counters file under `directory` (scripts/gpu-probe.sh's
-    ncu/, named by tkverify.ncu.counters_file) a summary of its launches, and the note of what bounds
-    it; returns how many rows got one."""
+    """Give each `impl` row whose shape has a counters file under `directory` (the ncu/ folder of
+    `scripts/gpu-run.sh --steps ncu`, named by tkverify.ncu.counters_file) a summary of its launches,
+    and the note of what bounds it; returns how many rows got one."""
     count = 0
     for row in doc["rows"]:
         if row["impl"] != impl:

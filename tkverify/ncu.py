@@ -1,12 +1,12 @@
 """What bounds a kernel, from Nsight Compute's counters: the measured reason behind a missed bench target.
 
-`scripts/gpu-probe.sh` profiles each benchmark shape in a process of its own (`ncu --csv --page raw`
+`scripts/gpu-run.sh --steps ncu` profiles each benchmark shape in a process of its own (`ncu --csv --page raw`
 over `scripts/dram_counters.py --entry N`) and writes the CSV under the name `counters_file` gives;
 `tkverify bench --ncu DIR` reads them back and adds to each profiled row a note of what its launches
 show.  The verdict is one of three, from shares of peak over the op's launches (time-weighted):
 
 - DRAM: the DRAM throughput share is at least DRAM_BOUND (torch's elementwise copies reach 88-92% on the
-  H200, run 19);
+  H200: reports/evidence/framework.md#ncu-verdict);
 - instructions: otherwise, the SMs issue an instruction on at least ISSUE_BOUND of their cycles;
 - latency: neither, so warps mostly wait (the largest stall reasons say on what).
 

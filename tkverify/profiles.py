@@ -33,9 +33,10 @@ def pin_constant_pool() -> bool:
 
     Hypothesis (6.131 on) draws about one choice in twenty from the literals it finds in every "local"
     module (outside site-packages and the standard library) imported so far, a pool that grows as the
-    process imports more.  A derandomised profile's cases then depend on what ran before them: in H200
-    run 21 a strategy test that passes alone failed inside the suite, in an xdist worker where earlier
-    tests had imported our kernels and tilelang (unpacked outside site-packages there).  tkverify's
+    process imports more.  A derandomised profile's cases then depend on what ran before them: on the H200
+    a strategy test that passes alone failed inside the suite, in the one xdist worker whose earlier tests
+    had imported our kernels and tilelang, unpacked outside site-packages there
+    (reports/evidence/framework.md#constant-pool).  tkverify's
     strategies aim at the formats' edges themselves, so the pool is pinned empty: a case depends on the
     seed, the strategy and hypothesis' version only.  Returns False where this hypothesis has no pool.
     """
