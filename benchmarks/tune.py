@@ -143,15 +143,15 @@ def _groups():
         # the wrapper's range check reads pos on the host (a sync: the call cannot be captured), so it
         # runs once here and the timed call is the rest of the wrapper: the routed kernel's device time
         from kernels.torch import quant as eager
-        from tkverify.specs import quant as spec
+        from tkverify.specs import quant_bench
 
-        inputs, params = spec._swiglu_routed_shape(device)
+        inputs, params = quant_bench.swiglu_routed_shape(device)
         x, pos, weights, counts = (inputs[k] for k in ("x", "pos_to_token_topk", "topk_weights", "clamped_count"))
         hidden, fmt, n, cm, c = eager._check_swiglu_args(x, params["fmt"], params["num_per_channels"], weights, pos,
                                                          params["clamp"], counts, False, False, False, False, None)
         return (lambda: quant._swiglu_checked(x, hidden, fmt, n, cm, c, weights, pos, counts, False, False, False,
                                               False),
-                spec._swiglu_bytes(inputs, params) + x.shape[0] * 8)
+                quant_bench.swiglu_bytes(inputs, params) + x.shape[0] * 8)
 
     def post(device):
         from kernels import mhc

@@ -1,6 +1,6 @@
 """TileLang GPU implementations of the operators that docs/contract/ defines.
 
-Each module holds one family (``kernels.moe``, ``kernels.transpose``): a thin
+Each module or package holds one family (``kernels.moe``, ``kernels.transpose``): a thin
 PyTorch-facing wrapper that validates its arguments and picks a static
 configuration, and a builder that returns the TileLang ``prim_func`` for that
 configuration.  TileLang itself is imported lazily (see ``kernels._tilelang``),

@@ -227,7 +227,7 @@ def test_a_run_cut_short_leaves_shards_that_merge_into_a_partial_report(tmp_path
 
 
 def test_shards_of_finished_runs_put_together_merge_into_a_report_that_is_not_partial(tmp_path):
-    """Several processes of one hunt (one a seed, gpu-tile-kernels.sh's fuzz-seeds) each finish and
+    """Several processes of one hunt (a hunt split over seeds, one process a seed) each finish and
     leave final shards; their union is a whole report, and calling it partial would be a false alarm.
     One shard written while running still makes it partial."""
     from tkverify.report import merge_partial_run

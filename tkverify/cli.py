@@ -299,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--merge", nargs="+", metavar="JSON", help="join the bench.json of several runs instead of "
                    "timing (each run's tile_kernels rows become tile_kernels==<its version>)")
     b.add_argument("--ncu", type=Path, metavar="DIR", help="Nsight Compute counters of the shapes "
-                   "(scripts/gpu-probe.sh's ncu/): each tilelang row gets a note of what bounds it")
+                   "(the ncu/ folder of scripts/gpu-run.sh --steps ncu): each tilelang row gets a note of what bounds it")
     b.set_defaults(func=cmd_bench)
 
     # Mutation testing (tkverify/mutants): the options live beside the runner.

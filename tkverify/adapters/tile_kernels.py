@@ -14,7 +14,7 @@ What the adapter does when tile-kernels cannot do what a case asks
 * The op is missing from the installed version: the implementation is
   unavailable (`Impl.available`), and says which version lacks what.
 * An option, size, format or input domain is missing: the call raises
-  `tkverify.registry.Unsupported` with the reason.  Known limits are checked
+  `tkverify.Unsupported` with the reason.  Known limits are checked
   before the call (some of them are device asserts, which would end the CUDA
   context); an ``assert`` in tile-kernels' own Python code (its argument
   checks), or a ``ValueError`` its own code raises (its refusal of a size), is

@@ -220,7 +220,7 @@ def phase_split(rows: list[SpeedRow]) -> dict[str, float]:
 
 @dataclasses.dataclass
 class UnsupportedRow(Row):
-    """The cases of (op, impl) refused as unsupported (`tkverify.registry.Unsupported`) or excused as a
+    """The cases of (op, impl) refused as unsupported (`tkverify.Unsupported`) or excused as a
     known discrepancy: in all, and per reason, the most frequent first."""
 
     KEY = IDENTITY = ("op", "impl")

@@ -58,7 +58,7 @@ class Collector:
         self._speed_row(op, impl).wall_s += seconds
 
     def add_unsupported(self, op: str, impl: str, reason: str, seconds: float = 0.0) -> None:
-        """A case the implementation refused (`tkverify.registry.Unsupported`), with its reason
+        """A case the implementation refused (`tkverify.Unsupported`), with its reason
         and the seconds spent before the refusal (the fuzzing-speed table's "refused")."""
         fold_into(self.unsupported, UnsupportedRow(op, impl, 1, {reason: 1}))
         self._speed_row(op, impl).refused_s += seconds

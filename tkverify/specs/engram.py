@@ -255,8 +255,7 @@ class WithinAs(Within):
     def compare(self, output: str, actual: Any, expected: Any) -> Comparison:
         if self.dtype is not None and (not isinstance(actual, torch.Tensor) or actual.dtype != self.dtype):
             got = actual.dtype if isinstance(actual, torch.Tensor) else type(actual).__name__
-            return Comparison(output, str(self.fmt), "within", 0, 0, math.inf, 0.0, {}, False,
-                              message=f"output {output!r}: dtype {got}, expected {self.dtype}")
+            return Comparison.rejected(output, str(self.fmt), "within", f"dtype {got}, expected {self.dtype}")
         return super().compare(output, actual, expected)
 
     def __str__(self) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
 from typing import Any, Callable
 
 import numpy as np
@@ -137,8 +136,8 @@ class HostInt(Policy):
 
     def compare(self, output: str, actual: Any, expected: Any) -> Comparison:
         if isinstance(actual, bool) or not isinstance(actual, int):
-            return Comparison(output, "int", "host_int", 0, 0, math.inf, 0.0, {}, False,
-                              message=f"output {output!r}: expected a python int, got {type(actual).__name__}")
+            return Comparison.rejected(output, "int", "host_int",
+                                       f"expected a python int, got {type(actual).__name__}")
         return bitwise().compare(output, np.array(actual, dtype=np.int64), np.array(expected, dtype=np.int64))
 
 
@@ -179,8 +178,7 @@ class StoredBitwise(Policy):
             raise TypeError(f"output {output!r}: StoredBitwise needs a Stored expectation, got {type(expected).__name__}")
         problem = _layout_problem(actual, expected)
         if problem is not None:
-            return Comparison(output, str(expected.values.dtype).removeprefix("torch."), "layout", 0, 0, math.inf,
-                              0.0, {}, False, message=f"output {output!r}: {problem}")
+            return Comparison.rejected(output, str(expected.values.dtype).removeprefix("torch."), "layout", problem)
         if expected.values.is_floating_point():
             return bitwise(expected.values.dtype).compare(output, actual, expected.values)
         return bitwise(expected.values.dtype).compare(output, actual, expected.values.numpy())

@@ -11,7 +11,6 @@ the policy to apply, or the message of a malformed output.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
 import numpy as np
@@ -59,8 +58,7 @@ class Decided(Policy):
             raise TypeError(f"output {output!r} is judged through the spec's given(), which returned "
                             f"{type(expected).__name__}")
         if expected.error is not None:
-            return Comparison(output, expected.fmt, "layout", 0, 0, math.inf, 0.0, {}, False,
-                              message=f"output {output!r}: {expected.error}")
+            return Comparison.rejected(output, expected.fmt, "layout", expected.error)
         return expected.policy.compare(output, expected.actual, expected.expected)
 
 
