@@ -142,7 +142,7 @@ def test_vector_and_element_paths_agree(quant, monkeypatch, case, fmt, dtype):
     for options in SF_OPTIONS[:4]:
         vector = _call(quant, op, x, fmt, block, options)
         with monkeypatch.context() as m:
-            m.setattr(quant, "BLOCK_MAX_ELEMENTS_PER_LAUNCH", 0)  # no row fits: the element path
+            m.setattr(quant.block_cast, "BLOCK_MAX_ELEMENTS_PER_LAUNCH", 0)  # no row fits: the element path
             assert not quant._block_vectors(x)
             element = _call(quant, op, x, fmt, block, options)
         assert_same_output(element, vector, f"{options}")
@@ -164,7 +164,7 @@ def test_launch_pieces_agree(quant, monkeypatch, case, fmt):
         m.setattr(_tilelang, "MAX_BLOCKS_PER_LAUNCH", col_tiles)
         assert_same_output(_call(quant, op, x, fmt, block, options), whole, "one tile row per launch")
     with monkeypatch.context() as m:
-        m.setattr(quant, "BLOCK_MAX_ELEMENTS_PER_LAUNCH", 2 * quant.BLOCK_TILE_ROWS * hidden)
+        m.setattr(quant.block_cast, "BLOCK_MAX_ELEMENTS_PER_LAUNCH", 2 * quant.BLOCK_TILE_ROWS * hidden)
         assert_same_output(_call(quant, op, x, fmt, block, options), whole, "two tile rows per launch")
 
 

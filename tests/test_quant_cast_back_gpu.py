@@ -170,7 +170,7 @@ def test_data_off_a_16_byte_boundary(quant, fmt, block, hidden):
 def test_launches_in_pieces(quant, monkeypatch, limit):
     """A lowered element limit cuts the rows into launches; with H % 8 != 0 and fewer than 8 rows a
     launch, pieces start inside a chunk (aligned copies)."""
-    monkeypatch.setattr(quant, "BACK_MAX_ELEMENTS", limit)
+    monkeypatch.setattr(quant.dequant, "BACK_MAX_ELEMENTS", limit)
     for fmt, block, hidden in (("e4m3", (1, 13), 13), ("e4m3", (16, 1), 7), ("e2m1", (1, 6), 6),
                                ("e4m3", (1, 16), 32), ("e5m6", (1, 16), 16), ("e2m1", (32, 32), 64),
                                ("e4m3", (1, 3), 3), ("e2m1", (128, 1), 10), ("e4m3", (1, 200), 200)):

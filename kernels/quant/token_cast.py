@@ -1,0 +1,174 @@
+"""The per-token casts on the GPU: per_token_cast, per_token_cast_with_sf_only and
+per_token_cast_with_precomputed_sf, the host side of the token_cast kernel (`token_kernel`).
+
+Signatures, argument checks and layouts are those of kernels/torch/quant.py, whose check
+functions these wrappers call (docs/contract/quant.md says what the ops compute).  Besides,
+every tensor must be on one CUDA device and every dimension fit an int32.
+
+The host picks the kernel's path for the call's block size (`_token_geometry`) and launches
+the kernel in pieces of whole rows, each covering at most `MAX_CHUNKS_PER_LAUNCH` chunks of y
+(its indices are int32, sf offsets int64) and no grid more than 2^31 - 1 CTAs.  T = 0 returns
+empty outputs without a launch.  Rows with H % 8 != 0 (only with npc = H) are zero-padded to a
+multiple of 8 (zeros do not move an amax) and the data cropped.
+"""
+
+import functools
+import math
+
+import torch
+
+from .. import _tilelang
+from ..torch import quant as eager
+from .common import (CHUNK, IN_DTYPES, VECTOR_BYTES, WARP, _crop_data, _new_data, _new_sf, _sf_args, _SfArgs,
+                     _words, magic_divisor)
+from .token_kernel import (FAST_CHUNKS_PER_LANE, GENERIC_STEPS, ROW_PATH, TOKEN_CAST, TokenConfig, fast_paths,
+                           row_chunks, token_config)
+
+MAX_CHUNKS_PER_LAUNCH = 2**26  # token_cast: chunks of y per launch (x indices stay below 2^31)
+
+
+@functools.lru_cache(maxsize=None)  # per launch otherwise; pure in its arguments
+def _token_geometry(config: TokenConfig, num_per_channels: int) -> tuple[int, int, int, int]:
+    """(path, log2 L, K, chunks per CTA) for blocks of num_per_channels elements (npc / 8 chunks).
+
+    A fast path (path = K) holds a lane's K chunks in registers: K = 4 when npc / 32 is a
+    power of two up to 32 (and the configuration has that path), else K = 2 when npc / 16
+    is.  Otherwise (npc = H) the row path (ROW_PATH) when a team of L threads, L the least
+    power of two >= 32 with L * row_chunks >= npc / 8, fits the CTA (K = npc / 8 there);
+    rows of fewer than 32 chunks, or too long for the CTA's registers, take the generic path.
+    """
+    chunks = num_per_channels // CHUNK
+    for k in sorted(fast_paths(config.source, config.dtype), reverse=True):
+        lanes = chunks // k
+        if chunks % k == 0 and lanes & (lanes - 1) == 0 and lanes <= WARP:
+            return k, lanes.bit_length() - 1, k, FAST_CHUNKS_PER_LANE[config.source, config.dtype] * config.threads \
+                * config.steps
+    per_thread = row_chunks(config.source, config.dtype)
+    if WARP <= chunks <= per_thread * config.threads:
+        team = max(WARP, 1 << (-(-chunks // per_thread) - 1).bit_length())
+        return ROW_PATH, team.bit_length() - 1, chunks, (config.threads // team) * chunks
+    return _generic_geometry(config, num_per_channels)
+
+
+def _generic_geometry(config: TokenConfig, num_per_channels: int) -> tuple[int, int, int, int]:
+    """The generic path's (0, log2 L, K, chunks per CTA): L = gcd(npc / 8, 32) lanes loop over K = npc / 8L chunks.
+
+    It takes any npc % 8 == 0 (the GPU tests compare the other paths with it).
+    """
+    chunks = num_per_channels // CHUNK
+    lanes = math.gcd(chunks, WARP)
+    return 0, lanes.bit_length() - 1, chunks // lanes, GENERIC_STEPS * config.threads * (chunks // lanes)
+
+
+def _token_launch(config: TokenConfig, x_rows: torch.Tensor, data: torch.Tensor | None, sf: _SfArgs,
+                  num_per_channels: int, round_sf: bool, clamp_min: float, precomputed: bool,
+                  swiglu: dict | None = None) -> None:
+    """Run token_cast over x_rows (T, H8) (swiglu: (N, 2 H8)), H8 % 8 == 0, in row pieces.
+
+    data: (T, width) output or None (sf only).  sf: the sf (output, or input
+    when precomputed).  swiglu: the extra arguments of the swiglu source.
+    """
+    device = x_rows.device
+    x_rows = _tilelang.aligned(x_rows, VECTOR_BYTES)  # rows keep the alignment: H % 8 == 0
+    num_rows = x_rows.shape[0]
+    hidden = x_rows.shape[1] // 2 if swiglu is not None else x_rows.shape[1]
+    cols = hidden // num_per_channels
+    chunks_per_row = hidden // CHUNK
+    path, lanes_log2, blk_k, _ = _token_geometry(config, num_per_channels)
+    cols_mul, cols_shift = magic_divisor(cols)
+    kernel = _tilelang.kernel_for(TOKEN_CAST, config, device)
+    rows_per_launch = max(1, MAX_CHUNKS_PER_LAUNCH // chunks_per_row)
+    dummy_words = _tilelang.placeholder(torch.int32, device)
+    with _tilelang.device_guard(device):
+        for r0 in range(0, num_rows, rows_per_launch):
+            r1 = min(num_rows, r0 + rows_per_launch)
+            xw = _words(x_rows[r0:r1])
+            dw = _words(data[r0:r1]) if data is not None else dummy_words
+            common = ((r1 - r0) * chunks_per_row, (r1 - r0) * cols, path, lanes_log2, blk_k, cols, cols_mul, cols_shift,
+                      r0, sf.s0, sf.s1, sf.mode, int(round_sf), clamp_min)
+            if swiglu is None:
+                kernel(xw, dw, sf.flat_f32, sf.flat_u8, *common, int(data is not None), int(precomputed))
+            else:
+                pos = swiglu["pos"][r0:r1] if swiglu["has_pos"] else swiglu["pos"]
+                kernel(xw, dw, sf.flat_f32, sf.flat_u8, pos, swiglu["weights"], swiglu["counts"], *common,
+                       chunks_per_row, int(swiglu["has_pos"]), int(swiglu["has_w"]), int(swiglu["do_count"]),
+                       swiglu["clamp"])
+
+
+def _padded_hidden(hidden: int) -> int:
+    return -(-hidden // CHUNK) * CHUNK
+
+
+def _zero_padded(x: torch.Tensor, columns: int) -> torch.Tensor:
+    """x (T, H) in the first H columns of a zeroed (T, columns) tensor."""
+    padded = torch.zeros((x.shape[0], columns), dtype=x.dtype, device=x.device)
+    padded[:, :x.shape[1]] = x
+    return padded
+
+
+def _token_cast(x: torch.Tensor, fmt: str, n: int, round_sf: bool, use_ue8m0: bool, use_packed_ue8m0: bool,
+                col_major: bool, clamp_min: float, with_data: bool):
+    num_rows, hidden = x.shape
+    device = x.device
+    cols = hidden // n
+    sf = _new_sf(num_rows, cols, use_ue8m0, use_packed_ue8m0, col_major, device)
+    data = _new_data(num_rows, hidden, fmt, device) if with_data else None
+    if num_rows == 0:
+        return data, sf
+    config = token_config("x", IN_DTYPES[x.dtype], fmt)
+    if hidden % CHUNK:
+        # n == H: pad the row with zeros to a whole number of chunks, crop the data.
+        h8 = _padded_hidden(hidden)
+        xp = _zero_padded(x, h8)
+        dp = _new_data(num_rows, h8, fmt, device) if with_data else None
+        _token_launch(config, xp, dp, _sf_args(sf), h8, round_sf, clamp_min, False)
+        return (_crop_data(dp, hidden, fmt) if with_data else None), sf
+    _token_launch(config, x, data, _sf_args(sf), n, round_sf, clamp_min, False)
+    return data, sf
+
+
+def per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 128, *, round_sf: bool = False,
+                   use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
+                   use_tma_aligned_col_major_sf: bool = False,
+                   clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, sf) of x (T, H) quantised in blocks of 1 x num_per_channels (see kernels/torch/quant.py)."""
+    fmt, n, cm = eager._check_per_token(x, fmt, num_per_channels, round_sf, use_ue8m0, use_packed_ue8m0,
+                                        use_tma_aligned_col_major_sf, clamp_min)
+    _tilelang.require_cuda("x", x)
+    _tilelang.check_dims_fit_int32("x", x)
+    return _token_cast(x, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm, True)
+
+
+def per_token_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 128, *,
+                                round_sf: bool = False, use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
+                                use_tma_aligned_col_major_sf: bool = False,
+                                clamp_min: float | None = None) -> torch.Tensor:
+    """The sf per_token_cast would return, without the data (x is read once, nothing else written)."""
+    fmt, n, cm = eager._check_per_token(x, fmt, num_per_channels, round_sf, use_ue8m0, use_packed_ue8m0,
+                                        use_tma_aligned_col_major_sf, clamp_min)
+    _tilelang.require_cuda("x", x)
+    _tilelang.check_dims_fit_int32("x", x)
+    return _token_cast(x, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm,
+                       False)[1]
+
+
+def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3",
+                                       num_per_channels: int = 128) -> torch.Tensor:
+    """The data of x (T, H) quantised with a given sf (T, H / num_per_channels) of any storage and strides."""
+    fmt, n = eager._check_precomputed_args(x, sf, fmt, num_per_channels)
+    num_rows, hidden = x.shape
+    _tilelang.require_cuda("x", x)
+    _tilelang.check_dims_fit_int32("x", x)
+    device = x.device
+    if num_rows == 0:
+        return _new_data(0, hidden, fmt, device)
+    config = token_config("x", IN_DTYPES[x.dtype], fmt, precomputed=True)
+    if hidden % CHUNK:
+        h8 = _padded_hidden(hidden)
+        xp = _zero_padded(x, h8)
+        dp = _new_data(num_rows, h8, fmt, device)
+        _token_launch(config, xp, dp, _sf_args(sf), h8, False, 1.0, True)
+        return _crop_data(dp, hidden, fmt)
+    data = _new_data(num_rows, hidden, fmt, device)
+    _token_launch(config, x, data, _sf_args(sf), n, False, 1.0, True)
+    return data
