@@ -488,18 +488,25 @@ def _registered_functions() -> set[str]:
 
 
 def _kernel_modules():
+    """(family, module) of every kernels module: a family module, or each module of a family package."""
     for package in (kernels, kernels.torch):
         for info in pkgutil.iter_modules(package.__path__):
-            if not info.ispkg and not info.name.startswith("_") and info.name != "precompile":
-                yield importlib.import_module(f"{package.__name__}.{info.name}")
+            if info.name.startswith("_") or info.name in ("precompile", "torch"):
+                continue
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            if not info.ispkg:
+                yield info.name, module
+                continue
+            for sub in pkgutil.iter_modules(module.__path__):
+                if not sub.name.startswith("_"):
+                    yield info.name, importlib.import_module(f"{module.__name__}.{sub.name}")
 
 
 def _public_functions() -> set[str]:
     """family.name of every public callable defined in a kernels module (autograd Functions by .apply)."""
     builders = {d.build for d in kernel_defs().values()}
     names = set()
-    for module in _kernel_modules():
-        family = module.__name__.rsplit(".", 1)[1]
+    for family, module in _kernel_modules():
         for name, obj in vars(module).items():
             if name.startswith("_") or not callable(obj) or getattr(obj, "__module__", None) != module.__name__:
                 continue
