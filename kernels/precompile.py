@@ -3,6 +3,12 @@
     python -m kernels.precompile               # compile for sm_90 into tilelang's cache
     python -m kernels.precompile --jobs 8      # the same, 8 configurations at a time
     python -m kernels.precompile --lower-only  # lower to CUDA source only (fast, no nvcc)
+    python -m kernels.precompile --lower-only --digests new.json --compare old.json
+                                               # sha256 of each configuration's CUDA, against an earlier list
+
+``--digests`` and ``--compare`` check that a change which should not touch the kernels (a refactor, a
+module split) lowers every configuration to byte-identical CUDA: write the digests before the change,
+compare after it (exit status 1 when a configuration's CUDA differs or is missing).
 
 Compiling needs nvcc but no GPU.  Kernels are compiled for the explicit
 target {"kind": "cuda", "arch": "sm_90"} through the same function the
@@ -18,10 +24,13 @@ can run beside a test session that needs the same kernels (the pytest plugin's
 
 import argparse
 import concurrent.futures
+import hashlib
+import json
 import multiprocessing
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -42,7 +51,7 @@ def _lower(kernel, config) -> str:
     source = _tilelang.lower_to_cuda(func, _tilelang.SM90)
     if _tilelang.global_function_name(func) not in source:
         raise RuntimeError(f"{kernel.name} {config}: {_tilelang.global_function_name(func)} missing from the CUDA source")
-    return f"{len(source)} chars of CUDA"
+    return hashlib.sha256(source.encode()).hexdigest()
 
 
 def _compile(kernel, config, arch: str = "sm_90") -> str:
@@ -79,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="configurations compiled at a time (processes)")
     parser.add_argument("--arch", default="sm_90",
                         help="the CUDA arch to compile for, or 'device' for this machine's first GPU")
+    parser.add_argument("--digests", type=Path, metavar="JSON",
+                        help="with --lower-only: write {kernel: {config: sha256 of its CUDA}} here")
+    parser.add_argument("--compare", type=Path, metavar="JSON",
+                        help="with --lower-only: compare the digests with this earlier --digests file")
     args = parser.parse_args(argv)
+    if (args.digests or args.compare) and not args.lower_only:
+        parser.error("--digests and --compare need --lower-only")
     arch = _tilelang.target_for(torch.device("cuda", 0))["arch"] if args.arch == "device" else args.arch
 
     action = "lower" if args.lower_only else "compile"
@@ -89,10 +104,32 @@ def main(argv: list[str] | None = None) -> int:
               f"arch {arch}", flush=True)
     work = list(_configurations(args.kernel))
     total = time.perf_counter()
+    digests: dict[str, dict[str, str]] = {}
     for (name, _, config), (detail, seconds) in _results(work, action, arch, args.jobs):
+        if args.lower_only:
+            digests.setdefault(name, {})[repr(config)] = detail
+            detail = f"sha256 {detail}"
         print(f"{verb} {name} {config} in {seconds:.2f} s: {detail}", flush=True)
     print(f"{verb} {len(work)} configurations in {time.perf_counter() - total:.2f} s", flush=True)
+    if args.digests:
+        args.digests.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
+    if args.compare and not _same_digests(json.loads(args.compare.read_text()), digests):
+        return 1
     return 0 if work else 1
+
+
+def _same_digests(old: dict[str, dict[str, str]], new: dict[str, dict[str, str]]) -> bool:
+    """Print each configuration of `new` whose CUDA differs from `old`'s or is new, and each of `old`'s
+    kernels in `new` that lost a configuration; True when there is none."""
+    changed = [f"differs: {k} {c}" if c in old.get(k, {}) else f"new: {k} {c}"
+               for k, configs in new.items() for c, h in configs.items() if old.get(k, {}).get(c) != h]
+    missing = [f"missing: {k} {c}" for k in new for c in old.get(k, {}) if c not in new[k]]
+    for line in changed + missing:
+        print(line)
+    compared = sum(len(configs) for configs in new.values())
+    print(f"{compared} configurations compared with the earlier digests: {len(changed)} differ or are new, "
+          f"{len(missing)} missing")
+    return not changed and not missing
 
 
 if __name__ == "__main__":
