@@ -86,6 +86,9 @@ class Comparison:
     worst: dict[str, Any] | None = None
     # Extra figures a policy or op wants in the report (e.g. Sinkhorn's row sums).
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The largest share of its allowed error that an element used (0: exact, 1: at the bound, > 1: failing;
+    # inf where a bitwise or zero-tolerance element differs); None where the policy does not measure it.
+    bound_used: float | None = None
 
     @classmethod
     def rejected(cls, output: str, fmt: str, policy: str, reason: str) -> Comparison:
@@ -116,6 +119,8 @@ class Outcome:
     expected_codes: np.ndarray
     # What the policy adds about the worst element of a failure (the range it allowed there), from its index.
     detail: Callable[[tuple[int, ...]], str] | None = None
+    # Per element, the share of its allowed error used (see Comparison.bound_used); None: not measured.
+    share: np.ndarray | None = None
 
 
 def _as_numpy(x: Any) -> np.ndarray:
@@ -154,6 +159,7 @@ def summarise(o: Outcome) -> Comparison:
         output=o.output, fmt=o.fmt, policy=o.policy, count=n, exact=int(np.count_nonzero(o.exact)),
         max_ulp=float(o.ulp_error.max()) if n else 0.0, sum_ulp=float(finite_err.sum()),
         hist=distance_histogram(o.distance), passed=bool(o.passed.all()) if n else True,
+        bound_used=None if o.share is None else (float(o.share.max()) if n else 0.0),
     )
     if not n:
         return comp

@@ -70,7 +70,7 @@ class ResultRow(Row):
     ``exact``, ``mean_ulp`` and ``verdict`` derive from the counts (`fold` keeps them up to date)."""
 
     KEY = ("op", "output", "format", "impl")
-    IDENTITY = (*KEY, "policy")
+    IDENTITY = (*KEY, "policy", "coverage")
 
     op: str
     output: str
@@ -89,13 +89,22 @@ class ResultRow(Row):
     verdict: str = "pass"
     worst: dict[str, Any] | None = None
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The largest share of the policy's allowed error any element used (Comparison.bound_used; None: the
+    # policy does not measure it).
+    bound_used: float | None = None
+    # The case file of the row's worst example (replayable with `tkverify replay`), where one was kept.
+    worst_case: str | None = None
+    # "sampled" (examples drawn: the errors are lower bounds of the worst) or "exhaustive" (every input of
+    # the stated domain was judged: the errors are the worst there is).
+    coverage: str = "sampled"
 
     @classmethod
     def of(cls, op: str, impl: str, c: Comparison, case_desc: str = "") -> ResultRow:
         """The row of one verdict; its worst element names the case (`Case.describe`)."""
         return cls(op, c.output, c.fmt, impl, c.policy, cases=1, count=c.count, exact_count=c.exact,
                    max_ulp=c.max_ulp, sum_ulp=c.sum_ulp, hist=dict(c.hist), failures=0 if c.passed else 1,
-                   worst=None if c.worst is None else {**c.worst, "case": case_desc}, extra=dict(c.extra))
+                   worst=None if c.worst is None else {**c.worst, "case": case_desc}, extra=dict(c.extra),
+                   bound_used=c.bound_used)
 
     def fold(self, other: ResultRow) -> None:
         self.cases += other.cases
@@ -109,6 +118,10 @@ class ResultRow(Row):
             self.extra[k] = max(self.extra.get(k, -math.inf), v)
         if other.worst is not None and (self.worst is None or other.max_ulp > self.max_ulp):
             self.worst = other.worst
+        if other.bound_used is not None:
+            self.bound_used = other.bound_used if self.bound_used is None else max(self.bound_used, other.bound_used)
+        if other.worst_case is not None and (self.worst_case is None or other.max_ulp > self.max_ulp):
+            self.worst_case = other.worst_case
         self.max_ulp = max(self.max_ulp, other.max_ulp)
         self.exact = self.exact_count / self.count if self.count else 1.0
         self.mean_ulp = self.sum_ulp / self.count if self.count else 0.0
