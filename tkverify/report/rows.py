@@ -94,6 +94,8 @@ class ResultRow(Row):
     bound_used: float | None = None
     # The case file of the row's worst example (replayable with `tkverify replay`), where one was kept.
     worst_case: str | None = None
+    # The case file of a failing example of the row, where one was saved.
+    failing_case: str | None = None
     # "sampled" (examples drawn: the errors are lower bounds of the worst) or "exhaustive" (every input of
     # the stated domain was judged: the errors are the worst there is).
     coverage: str = "sampled"
@@ -122,6 +124,8 @@ class ResultRow(Row):
             self.bound_used = other.bound_used if self.bound_used is None else max(self.bound_used, other.bound_used)
         if other.worst_case is not None and (self.worst_case is None or other.max_ulp > self.max_ulp):
             self.worst_case = other.worst_case
+        if self.failing_case is None:
+            self.failing_case = other.failing_case
         self.max_ulp = max(self.max_ulp, other.max_ulp)
         self.exact = self.exact_count / self.count if self.count else 1.0
         self.mean_ulp = self.sum_ulp / self.count if self.count else 0.0
