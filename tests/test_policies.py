@@ -306,3 +306,105 @@ def test_summation_lets_a_sum_past_the_overflow_threshold_round_to_infinity():
     assert not c.passed and "index (0,)" in c.message  # past the threshold a finite result is wrong
     no_room = ErrorBound(np.array([-3.0e38]), np.array([0.0]), "bf16")
     assert not summation().compare("out", torch.tensor([-math.inf], dtype=torch.bfloat16), no_room).passed
+
+
+# -- the share of its bound each element used (Comparison.bound_used) ----------------------------
+
+
+def _used(policy, actual, expected):
+    c = policy.compare("y", actual, expected)
+    return c.bound_used, c.passed
+
+
+def test_ulp_share_is_the_ulp_error_over_the_bound():
+    x = np.array([1.0, 2.0])
+    one_ulp_up = torch.tensor([1.0 + 2.0**-23, 2.0])  # 1 ULP above an exactly representable 1.0
+    assert _used(ulp(max=1), one_ulp_up, x) == (1.0, True)
+    assert _used(ulp(max=2), one_ulp_up, x) == (0.5, True)
+    assert _used(ulp(max=0.5), one_ulp_up, x) == (2.0, False)
+    assert _used(ulp(max=0), torch.tensor([1.0, 2.0]), x) == (0.0, True)
+    assert _used(ulp(max=0), one_ulp_up, x) == (math.inf, False)
+    assert ulp(max=1).compare("y", one_ulp_up, x).extra["allowed_ulp"] == 1.0
+
+
+def test_codes_share_is_the_code_distance_over_the_bound():
+    x = np.array([1.0, 2.0])
+    one_code_up = torch.tensor([1.125, 2.0]).to(torch.float8_e4m3fn)
+    assert _used(codes("e4m3", 1), one_code_up, x) == (1.0, True)
+    assert _used(codes("e4m3", 2), one_code_up, x) == (0.5, True)
+    assert _used(codes("e4m3", 0), one_code_up, x) == (math.inf, False)
+    assert _used(codes("e4m3", 0), torch.tensor([1.0, 2.0]).to(torch.float8_e4m3fn), x) == (0.0, True)
+    assert codes("e4m3", 1).compare("y", one_code_up, x).extra["allowed_codes"] == 1.0
+
+
+def test_relative_share_is_the_relative_error_over_the_bound():
+    x = np.array([1000.0, -5.0])
+    assert _used(relative(1e-3), torch.tensor([1001.0, -5.0]), x) == (1.0, True)
+    assert _used(relative(1e-3), torch.tensor([1000.5, -5.0]), x) == (0.5, True)
+    assert _used(relative(1e-3), torch.tensor([1002.0, -5.0]), x) == (2.0, False)
+    assert _used(relative(1e-3), torch.tensor([1000.0, -5.0]), x) == (0.0, True)
+    assert relative(1e-3).compare("y", torch.tensor([1000.0, -5.0]), x).extra["allowed_relative"] == 1e-3
+
+
+def test_within_share_is_the_distance_over_the_bracket_side_it_lies_on():
+    from tkverify.policies import Bracket, within
+
+    def used(a, exact=1.0, low=0.5, high=2.0):
+        bracket = Bracket(np.array([exact]), np.array([low]), np.array([high]))
+        return _used(within("fp32"), torch.tensor([a]), bracket)
+
+    assert used(2.0) == (1.0, True) and used(0.5) == (1.0, True)  # at either end
+    assert used(1.5) == (0.5, True) and used(0.75) == (0.5, True)  # half-way, above and below
+    assert used(2.5) == (1.5, False) and used(0.25) == (1.5, False)  # past either end
+    assert used(1.0) == (0.0, True)
+    assert used(0.875, low=1.0) == (math.inf, False)  # nothing allowed below the exact value
+    assert used(math.nan, exact=math.nan, low=math.nan, high=math.nan) == (0.0, True)  # the NaN it must be
+    assert used(1.0, exact=math.nan, low=math.nan, high=math.nan) == (math.inf, False)
+    assert used(math.nan) == (math.inf, False)
+    assert used(123.0, low=-math.inf, high=math.inf) == (0.0, True)  # unconstrained
+
+
+def test_summation_share_is_the_deviation_over_the_allowance():
+    from tkverify.policies import ErrorBound, summation
+
+    def used(y, error):
+        return _used(summation(), torch.tensor([1.0, y]), ErrorBound(np.array([1.0, 3.0]), np.array([0.0, error]),
+                                                                     "fp32"))
+
+    assert used(3.0 + 2.0**-22, 2.0**-22) == (1.0, True)
+    assert used(3.0 + 2.0**-22, 2.0**-21) == (0.5, True)
+    assert used(3.0 + 2.0**-21, 2.0**-22) == (2.0, False)
+    assert used(3.0, 0.0) == (0.0, True)
+    assert used(3.0 + 2.0**-22, 0.0) == (math.inf, False)
+    # An infinity the bound allows (a sum past bf16's overflow threshold) has no distance: at the bound.
+    bound = ErrorBound(np.array([-3.51273687e38]), np.array([0.0]), "bf16")
+    assert _used(summation(), torch.tensor([-math.inf], dtype=torch.bfloat16), bound) == (1.0, True)
+
+
+def test_bitwise_share_is_zero_where_equal_and_inf_where_not():
+    ints = np.array([[1, 2], [3, 4]], dtype=np.int64)
+    assert _used(bitwise(torch.int64), torch.from_numpy(ints.copy()), ints) == (0.0, True)
+    assert _used(bitwise(torch.int64), torch.from_numpy(ints + 1), ints) == (math.inf, False)
+    a = torch.tensor([1.0, 2.0])
+    assert _used(bitwise(), a, a.clone()) == (0.0, True)
+    assert _used(bitwise(), a, torch.tensor([1.0, 2.0 + 2.0**-22])) == (math.inf, False)
+    assert _used(bitwise(), a, np.array([1.0, 2.0])) == (0.0, True)  # against exact values
+    assert _used(bitwise(), a, np.array([1.0, 2.0 + 2.0**-21])) == (math.inf, False)
+    assert bitwise().compare("y", torch.zeros(3), np.zeros(2)).bound_used is None  # rejected whole
+
+
+def test_the_share_of_the_bound_agrees_with_the_verdict_of_every_policy():
+    """bound_used <= 1 exactly where the comparison passes, on random outputs near their expected values."""
+    from tkverify.policies import Bracket, ErrorBound, summation, within
+
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        x = rng.standard_normal(6) * np.exp2(rng.integers(-4, 4, size=6))
+        a = torch.tensor(x * (1 + rng.standard_normal(6) * 2.0**-rng.integers(10, 30)), dtype=torch.float32)
+        half = np.abs(x) * 2.0**-rng.integers(12, 24)
+        for policy, expected in ((ulp(max=float(rng.integers(0, 4))), x), (codes("fp32", int(rng.integers(0, 4))), x),
+                                 (relative(2.0**-rng.integers(10, 25)), x),
+                                 (within("fp32"), Bracket(x, x - half, x + half)),
+                                 (summation(), ErrorBound(x, half, "fp32")), (bitwise(), x)):
+            c = policy.compare("y", a, expected)
+            assert (c.bound_used <= 1) == c.passed, (policy, x, a)

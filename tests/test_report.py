@@ -244,3 +244,106 @@ def test_shards_of_finished_runs_put_together_merge_into_a_report_that_is_not_pa
     c.write_shard(report / "shards" / "seed-3-gw0.json", worker="gw0", gpu=0, pid=3, complete=False)
     doc = json.loads(merge_partial_run(report)["json"].read_text())
     assert "merged" not in doc["meta"] and "seed-3-gw0 (written while running)" in doc["meta"]["partial"]
+
+
+# -- a report that leads with the verdict, each row judged by its bound ------------------------------
+
+
+def _folded(op: str, impl: str, comparison: Comparison, case: str = ""):
+    """The report row of one comparison, folded as a collector folds it."""
+    c = Collector()
+    c.add(op, impl, comparison, case)
+    return next(iter(c.rows.values()))
+
+
+def _judged_rows():
+    """Rows of real comparisons: bitwise (exact), codes (1 code off, allowed 1), relative (half its bound),
+    within (3/4 of it), and a summation row 2^23 ULPs from the exact sum that passes, and one that fails."""
+    import numpy as np
+    import torch
+
+    from tkverify.policies import Bracket, ErrorBound, bitwise, codes, relative, summation, within
+
+    x = np.array([1.0, 2.0])
+    cancelled = ErrorBound(np.array([2.0**-30]), np.array([2.0**-4]), "fp32")  # a sum whose terms cancel
+    return {
+        "bitwise": _folded("t.copy", "torch", bitwise().compare("out", torch.tensor(x, dtype=torch.float32), x)),
+        "codes": _folded("q.cast", "lib", codes("e4m3", 1).compare(
+            "q", torch.tensor([1.125, 2.0]).to(torch.float8_e4m3fn), x)),
+        "relative": _folded("m.mix", "torch", relative(1e-3).compare("w", torch.tensor([1000.5]), np.array([1000.0]))),
+        "within": _folded("m.pre", "lib", within("fp32").compare("comb", torch.tensor([1.75, 2.0]),
+                                                                  Bracket(x, x - 1, x + 1))),
+        "summation": _folded("m.reduce", "torch", summation().compare("out", torch.tensor([0.0]), cancelled)),
+        "failing": _folded("m.reduce", "lib", summation().compare("out", torch.tensor([1.0]), cancelled), "case 3"),
+    }
+
+
+def test_each_row_states_its_bound_and_the_fraction_used_with_ulps_only_where_the_bound_is_in_ulps():
+    from tkverify.report.bounds import bound_class, bound_text, fraction_text, in_ulps
+    from tkverify.report.render import error_cell
+
+    rows = _judged_rows()
+    assert {k: bound_text(r) for k, r in rows.items()} == {
+        "bitwise": "bitwise", "codes": "≤ 1 code", "relative": "relative ≤ 0.001",
+        "within": "within the fp32 error analysis", "summation": "within the fp32 summation error bound",
+        "failing": "within the fp32 summation error bound"}
+    assert {k for k, r in rows.items() if in_ulps(r)} == {"bitwise", "codes"}
+    assert {k: fraction_text(r.bound_used) for k, r in rows.items()} == {
+        "bitwise": "0", "codes": "1", "relative": "0.5", "within": "0.75", "summation": "1.49e-08", "failing": "16"}
+    # The summation row is 2^23 ULPs from the exact sum and passes: its cell is the fraction, not the ULPs.
+    assert rows["summation"].max_ulp == 2.0**23 and error_cell(rows["summation"]) == "1.49e-08 of bound"
+    assert error_cell(rows["codes"]) == "1" and error_cell(rows["failing"]) == "16 of bound FAIL"
+    assert {k: bound_class(r) for k, r in rows.items()} == {
+        "bitwise": "exact", "codes": "near", "relative": "inside", "within": "near", "summation": "inside",
+        "failing": "over"}
+    rows["bitwise"].coverage = "exhaustive"
+    assert error_cell(rows["bitwise"]) == "0 (exhaustive)"
+
+
+def test_the_histogram_is_coloured_by_the_bound():
+    from tkverify.policies import HIST_LABELS
+    from tkverify.report.bounds import bucket_classes
+
+    rows = _judged_rows()
+    codes = dict(zip(HIST_LABELS, bucket_classes(rows["codes"], HIST_LABELS)))  # allowed: 1 code
+    assert (codes["0"], codes["1"], codes["2"], codes["256+"]) == ("exact", "near", "over", "over")
+    assert set(bucket_classes(rows["summation"], HIST_LABELS)[1:]) == {"inside"}  # passing, far in ULPs
+    assert set(bucket_classes(rows["failing"], HIST_LABELS)[1:]) == {"over"}
+
+
+def test_the_markdown_leads_with_the_verdict_then_the_failures_then_the_tables(tmp_path):
+    from tkverify.report import Report, UnsupportedRow, render_markdown
+
+    rows = _judged_rows()
+    rows["failing"].failing_case, rows["failing"].worst_case = "cases/m.reduce-lib.json", "worst/m.reduce-lib.json"
+    known = UnsupportedRow("m.reduce", "lib", 4, {"known discrepancy F1: off by one": 4})
+    md = render_markdown(Report(meta("ci", "lib"), list(rows.values()), unsupported=[known]))
+    lines = md.splitlines()
+    assert lines[2] == ("**FAIL**: 5 of 6 rows pass; 4 cases of 1 (op, implementation) pairs excused as known "
+                        "discrepancies (listed below); the 1 failing rows all belong to (op, implementation) pairs "
+                        "with known discrepancies")
+    order = [md.index(h) for h in ("**FAIL**", "## Failures", "## Per format", "### e4m3", "## All rows",
+                                   "## Known discrepancies")]
+    assert order == sorted(order)
+    assert ("| m.reduce:out | fp32 | lib | summation | within the fp32 summation error bound | 16 | at (0,): actual 1, "
+            "expected 9.31322575e-10 in case 3 | [failing case](cases/m.reduce-lib.json) "
+            "[worst case](worst/m.reduce-lib.json) |") in lines
+    assert "| m.reduce:out | 16 of bound FAIL | 1.49e-08 of bound |" in lines
+    # ULP figures only where the bound is in ULPs.
+    assert ("| m.reduce | out | fp32 | torch | sampled | summation | within the fp32 summation error bound | 1.49e-08 "
+            "| 1 | 1 | 0% | - | - |") in md
+    assert "| q.cast | q | e4m3 | lib | sampled | codes | ≤ 1 code | 1 | 1 | 2 | 50% | 1 | 0.5 |" in md
+    passing = render_markdown(Report(meta("ci", "lib"), [rows["bitwise"]]))
+    assert passing.splitlines()[2] == "**PASS**: 1 of 1 rows pass" and "## Failures" not in passing
+
+
+def test_the_page_leads_with_the_verdict_and_colours_cells_by_the_bound():
+    from tkverify.report import Report, render_html
+
+    rows = _judged_rows()
+    page = render_html(Report(meta("ci", "lib"), list(rows.values())))
+    assert page.index("<header id='verdict' class='fail'>") < page.index("<section id='failures'>") \
+        < page.index("<section id='formats'>") < page.index("<section id='rows'>")
+    assert "<td class='over'>16 of bound FAIL</td>" in page and "<td class='inside'>0.5 of bound</td>" in page
+    assert "<td class='exact'>0</td>" in page and "<td class='near'>1</td>" in page
+    assert "<header id='verdict' class='pass'>" in render_html(Report(meta("ci", "lib"), [rows["bitwise"]]))

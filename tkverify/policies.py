@@ -20,9 +20,11 @@
                     terms cancel, ULP statistics still in fmt.
 
 Every policy measures its output element by element into an `Outcome` (ULP
-error, code distance and bitwise equality against the exact value, and its own
-verdict per element); `summarise` folds that into the `Comparison` the report
-needs (count, exact share, max and mean ULP, a histogram of code distances) and,
+error, code distance and bitwise equality against the exact value, its own
+verdict per element, and the share of its bound each element used: 0 exact,
+1 at the bound, above 1 failing); `summarise` folds that into the `Comparison`
+the report needs (count, exact share, max and mean ULP, a histogram of code
+distances, the largest share of the bound used) and,
 when it fails, a message from `failure_message`, one format for every policy,
 that names the worst element the way `torch.testing` does:
 
@@ -119,8 +121,36 @@ class Outcome:
     expected_codes: np.ndarray
     # What the policy adds about the worst element of a failure (the range it allowed there), from its index.
     detail: Callable[[tuple[int, ...]], str] | None = None
-    # Per element, the share of its allowed error used (see Comparison.bound_used); None: not measured.
+    # Per element, the share of its allowed error used (see Comparison.bound_used): 0 where the element is
+    # exact, 1 at the bound; None: not measured.  `summarise` holds it to the verdict (`share_of_verdict`).
     share: np.ndarray | None = None
+
+
+# The figures a policy with a numeric bound adds to `Comparison.extra`, so that a report row can state its
+# bound: the most ULPs (ulp), codes (codes) or relative error (relative) an element may have.
+ALLOWED_ULP, ALLOWED_CODES, ALLOWED_RELATIVE = "allowed_ulp", "allowed_codes", "allowed_relative"
+
+
+def share_of_bound(error: np.ndarray, allowed: Any) -> np.ndarray:
+    """error / allowed per element: 0 where the error is 0 (a zero bound included), inf where a positive
+    error meets a zero bound, inf where the error is NaN."""
+    error = np.asarray(error, dtype=np.float64)
+    allowed = np.broadcast_to(np.asarray(allowed, dtype=np.float64), error.shape)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(allowed > 0, error / np.where(allowed > 0, allowed, 1.0), np.inf)
+    return np.where(error == 0, 0.0, np.where(np.isnan(share), np.inf, share))
+
+
+def share_of_verdict(share: np.ndarray, passed: np.ndarray) -> np.ndarray:
+    """The share held to the verdict: at most 1 where an element passes, above 1 where it fails.
+
+    A policy measures most elements as a distance against an allowance, and then the two agree; the
+    elements it judges by a rule instead (an infinity that an overflowing sum allows, a NaN where a
+    NaN must be) have no distance: a passing one counts as at the bound (1), a failing one as inf."""
+    share = np.asarray(share, dtype=np.float64)
+    at_most_one = np.where(share <= 1, share, 1.0)
+    above_one = np.where(share > 1, share, np.inf)
+    return np.where(passed, at_most_one, above_one)
 
 
 def _as_numpy(x: Any) -> np.ndarray:
@@ -159,7 +189,7 @@ def summarise(o: Outcome) -> Comparison:
         output=o.output, fmt=o.fmt, policy=o.policy, count=n, exact=int(np.count_nonzero(o.exact)),
         max_ulp=float(o.ulp_error.max()) if n else 0.0, sum_ulp=float(finite_err.sum()),
         hist=distance_histogram(o.distance), passed=bool(o.passed.all()) if n else True,
-        bound_used=None if o.share is None else (float(o.share.max()) if n else 0.0),
+        bound_used=None if o.share is None else (float(share_of_verdict(o.share, o.passed).max()) if n else 0.0),
     )
     if not n:
         return comp
@@ -223,20 +253,21 @@ def _integer_outcome(output: str, actual: np.ndarray, expected: np.ndarray, poli
     e = expected.astype(np.int64)
     dist = np.abs(a - e)
     return Outcome(output, str(actual.dtype), policy, bound, dist.astype(np.float64), dist, dist == 0, dist == 0,
-                   a, e, a, e)
+                   a, e, a, e, share=np.where(dist == 0, 0.0, np.inf))
 
 
 def _code_outcome(output: str, fmt: formats.Format, a_codes: np.ndarray, expected: np.ndarray, policy: str,
                   bound: str) -> Outcome:
     """Codes of `fmt` against the exact float64 values `expected`; `passed` is bitwise equality to the
-    correctly rounded value (NaN as NaN), which each policy but `bitwise` replaces by its own verdict."""
+    correctly rounded value (NaN as NaN), which each policy but `bitwise` replaces by its own verdict and
+    share (bitwise: 0 where the bits match, inf where not)."""
     exact = expected.astype(np.float64)
     e_codes = fmt.encode(exact)
     a_val = fmt.decode(a_codes)
     both_nan = np.isnan(a_val) & np.isnan(fmt.decode(e_codes))
     same_bits = (a_codes.astype(np.int64) == e_codes.astype(np.int64)) | both_nan
     return Outcome(output, fmt.name, policy, bound, fmt.ulp_error(a_val, exact), fmt.code_distance(a_codes, e_codes),
-                   same_bits, same_bits, a_val, expected, a_codes, e_codes)
+                   same_bits, same_bits, a_val, expected, a_codes, e_codes, share=np.where(same_bits, 0.0, np.inf))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,7 +295,8 @@ class Bitwise(Policy):
         same = a == e
         dist = np.where(same, 0, fmt.code_distance(a, e).clip(min=1))
         return summarise(Outcome(output, fmt.name, "bitwise", "bitwise", np.where(same, 0.0, np.inf), dist, same,
-                                 same, fmt.decode(a), fmt.decode(formats.codes_of(expected)), a, e))
+                                 same, fmt.decode(a), fmt.decode(formats.codes_of(expected)), a, e,
+                                 share=np.where(same, 0.0, np.inf)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,7 +312,10 @@ class Ulp(Policy):
         fmt = _float_format(self.fmt, actual)
         codes = formats.codes_of(actual) if isinstance(actual, torch.Tensor) else _as_numpy(actual)
         o = _code_outcome(output, fmt, codes, _as_numpy(expected), "ulp", f"ULP error <= {self.max:g}")
-        return summarise(dataclasses.replace(o, passed=o.ulp_error <= self.max))
+        comp = summarise(dataclasses.replace(o, passed=o.ulp_error <= self.max,
+                                             share=share_of_bound(o.ulp_error, self.max)))
+        comp.extra[ALLOWED_ULP] = float(self.max)
+        return comp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,7 +335,10 @@ class Codes(Policy):
         fmt = formats.get(self.fmt)
         o = _code_outcome(output, fmt, _codes_of(actual, fmt), _as_numpy(expected), "codes",
                           f"code distance <= {self.max}")
-        return summarise(dataclasses.replace(o, passed=o.distance <= self.max))
+        comp = summarise(dataclasses.replace(o, passed=o.distance <= self.max,
+                                             share=share_of_bound(o.distance, self.max)))
+        comp.extra[ALLOWED_CODES] = float(self.max)
+        return comp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,9 +380,24 @@ class Within(Policy):
         a = o.actual
         low, high = (np.broadcast_to(np.asarray(v, dtype=np.float64), a.shape) for v in (expected.low, expected.high))
         unconstrained = (low == -np.inf) & (high == np.inf)
-        ok = unconstrained | (np.isnan(a) & np.isnan(low)) | ((a >= low) & (a <= high))
+        nan_as_required = np.isnan(a) & np.isnan(low)
+        ok = unconstrained | nan_as_required | ((a >= low) & (a <= high))
+        share = self.share(a, o.expected.astype(np.float64), low, high, unconstrained | nan_as_required | o.exact)
         return summarise(dataclasses.replace(
-            o, passed=ok, detail=lambda at: f"; allowed [{_fmt_value(low[at])}, {_fmt_value(high[at])}] there"))
+            o, passed=ok, share=share,
+            detail=lambda at: f"; allowed [{_fmt_value(low[at])}, {_fmt_value(high[at])}] there"))
+
+    @staticmethod
+    def share(a: np.ndarray, exact: np.ndarray, low: np.ndarray, high: np.ndarray, free: np.ndarray) -> np.ndarray:
+        """Per element, how far `a` lies from the exact value towards the end of the bracket on its side:
+        |a - exact| / (high - exact) above it, / (exact - low) below it (1: at the end, inf: a side of
+        width 0 left); 0 where `a` is the exact value or `free` (unconstrained, the NaN it must be, or the
+        correctly rounded value: a bracket whose ends are the two roundings of the exact value would
+        otherwise count a correctly rounded element as using its whole bound)."""
+        with np.errstate(invalid="ignore"):
+            width = np.where(a > exact, high - exact, exact - low)
+            share = share_of_bound(np.abs(a - exact), np.maximum(width, 0.0))
+        return np.where(free | (a == exact), 0.0, share)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,8 +426,10 @@ class Relative(Policy):
         same_special = (np.isnan(a) & np.isnan(x)) | (a == x)
         rel = np.where(same_special, 0.0, np.where(np.isnan(rel), np.inf, rel))
         comp = summarise(dataclasses.replace(
-            o, passed=rel <= self.max, detail=lambda at: f"; relative error {_fmt_value(rel[at])} there"))
+            o, passed=rel <= self.max, share=share_of_bound(rel, self.max),
+            detail=lambda at: f"; relative error {_fmt_value(rel[at])} there"))
         comp.extra["max_relative"] = float(rel.max()) if rel.size else 0.0
+        comp.extra[ALLOWED_RELATIVE] = float(self.max)
         return comp
 
 
@@ -553,14 +608,17 @@ class Summation(Policy):
                 ok |= self.intermediate_overflow(y, *expected.reach)
         ulp_of_exact = fmt.ulp(exact)
         o = _code_outcome(output, fmt, codes, exact, "summation", "|y - exact| <= summation bound")
+        # The share of the bound: the deviation against the allowance; a NaN or an infinity that equals
+        # the exact one is exact, any other non-finite element is judged by the rules above.
+        same_special = (np.isnan(y) & np.isnan(exact)) | (y == exact)
+        used = np.where(same_special, 0.0, share_of_bound(deviation, allowed))
         comp = summarise(dataclasses.replace(
-            o, passed=ok, detail=lambda at: f"; allowed +-{_fmt_value(allowed[at])} "
-                                            f"({_fmt_value(allowed[at] / ulp_of_exact[at])} ULP) there"))
+            o, passed=ok, share=used, detail=lambda at: f"; allowed +-{_fmt_value(allowed[at])} "
+                                                        f"({_fmt_value(allowed[at] / ulp_of_exact[at])} ULP) there"))
         finite = np.isfinite(exact) & np.isfinite(y)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            used = np.where(deviation == 0, 0.0, deviation / allowed)
         if exact.size:
-            comp.extra["max_allowed_ulp"] = float(np.max(np.where(finite, allowed / ulp_of_exact, 0.0)))
+            with np.errstate(invalid="ignore", divide="ignore"):
+                comp.extra["max_allowed_ulp"] = float(np.max(np.where(finite, allowed / ulp_of_exact, 0.0)))
             comp.extra["max_bound_used"] = float(np.max(np.where(finite, used, 0.0)))
         return comp
 

@@ -4,6 +4,8 @@
                             unsupported cases) and the `Report` that holds them; how rows of one key fold.
 * `tkverify.report.shards`  the `Collector` of one process, its shard file, and merging shards.
 * `tkverify.report.render`  a report as markdown and HTML.
+* `tkverify.report.bounds`  how a row stands against its policy's bound: the bound in words, the fraction
+                            used, the colour classes.
 * `tkverify.report.files`   the files of a report and its meta (date, commit, versions, device).
 
 The names below are what the plugin, the CLI, the bench and the tests use.
