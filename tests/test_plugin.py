@@ -56,9 +56,17 @@ def test_profiles(tk_state):
     assert settings().derandomize and settings().deadline is None
     profiles.load("fuzz")
     assert settings().max_examples >= 1000
+    assert profiles.load("worst") == "worst" and not settings().derandomize
+    assert settings().max_examples == int(os.environ.get("TKVERIFY_WORST_EXAMPLES", 10_000))
     with pytest.raises(ValueError):
         profiles.load("nope")
     profiles.load(tk_state["profile"])  # leave the session's profile as it was
+
+
+def test_the_session_targets_errors_under_the_profiles_that_search_for_the_worst(tk_state):
+    assert tk_state["target"] == profiles.targets(tk_state["profile"])
+    assert {p: profiles.targets(p) for p in profiles.PROFILES} == {"ci": False, "dev": False, "fuzz": True,
+                                                                  "worst": True}
 
 
 def test_a_seed_chooses_the_ci_examples(tk_state):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import math
 import os
 import time
 import warnings
@@ -26,6 +27,38 @@ class VerificationError(AssertionError):
         super().__init__(message)
         self.comparisons = comparisons or []
         self.case_file = case_file
+
+
+def verification_errors(error: BaseException) -> list[VerificationError]:
+    """The `VerificationError`s in `error`: itself, or those inside the exception group hypothesis raises
+    when it found several distinct failures."""
+    if isinstance(error, VerificationError):
+        return [error]
+    return [found for inner in getattr(error, "exceptions", ()) for found in verification_errors(inner)]
+
+
+def output_error(c: Comparison) -> tuple[str, float]:
+    """How bad one output's verdict is, as (label, error): the share of its allowed error that its worst
+    element used where the policy measures it (`Comparison.bound_used`), else its largest ULP error (for
+    an integer output, the largest difference).
+
+    The worst-case search targets it and each report row keeps the example where it is largest; the label
+    names the output and what is measured ("out: share of bound", "indices: ULP error"), so an output keeps
+    one label from example to example."""
+    if c.bound_used is not None:
+        return f"{c.output}: share of bound", c.bound_used
+    return f"{c.output}: ULP error", c.max_ulp
+
+
+# What `hypothesis.target` is given for an infinite error (it takes finite scores only).
+INFINITE_SCORE = 1e300
+
+
+def target_score(error: float) -> float | None:
+    """`error` as a `hypothesis.target` score: inf as INFINITE_SCORE, NaN as None (not a score)."""
+    if math.isnan(error):
+        return None
+    return math.copysign(INFINITE_SCORE, error) if math.isinf(error) else error
 
 
 def name_outputs(spec: OpSpec, result: Any, who: str) -> dict[str, Any]:

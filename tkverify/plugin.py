@@ -1,7 +1,9 @@
 """The pytest plugin (registered through the `pytest11` entry point).
 
 Options: ``--tk-impl`` which implementations to judge, ``--tk-profile`` the
-hypothesis profile, ``--tk-report DIR`` where the merged report goes,
+hypothesis profile, ``--tk-report DIR`` where the merged report goes (with
+each result row's worst example and its failing case as case files under
+``DIR/worst/`` and ``DIR/cases/``),
 ``--tk-load MODULE`` extra registrations (your own kernels), ``--tk-cases DIR``
 where failing cases are saved, ``--tk-precompile`` TileLang kernels compiled in
 the background while the workers start (a cold kernel cache).
@@ -26,6 +28,7 @@ import pytest
 
 from tkverify import profiles, registry
 from tkverify.report import Collector, meta, report_from_shards
+from tkverify.report.shards import CASES_DIR, WORST_DIR
 
 IMPL_CHOICES = ("auto", "all", *registry.BUILTIN_IMPLS)
 
@@ -36,7 +39,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="implementations to judge: auto (what can run here), all, or a comma list of "
                          "torch, tilelang, tile_kernels and any registered name")
     group.addoption("--tk-profile", default=None, choices=profiles.PROFILES,
-                    help="hypothesis profile (default: ci when the CI variable is set, else dev)")
+                    help="hypothesis profile: ci, dev, fuzz (targets each output's error) or worst (the same "
+                         "with 10,000 examples; TKVERIFY_WORST_EXAMPLES) (default: ci when the CI variable is "
+                         "set, else dev)")
     group.addoption("--tk-report", default=None, metavar="DIR", help="write report.json/.md/.html to DIR")
     group.addoption("--tk-load", action="append", default=[], metavar="MODULE",
                     help="import MODULE to register more ops or implementations (repeatable)")
@@ -104,6 +109,7 @@ def pytest_configure(config: pytest.Config) -> None:
     check_impl_choice(config.getoption("--tk-impl"))
     state = {
         "profile": profile,
+        "target": profiles.targets(profile),
         "collector": Collector(),
         "gpu": _pin_worker_to_gpu(config),
         "threads": _share_cpu_threads(config),
@@ -112,10 +118,12 @@ def pytest_configure(config: pytest.Config) -> None:
     }
     config.stash[_STATE] = state
     if state["report"] is not None and worker_id(config) is None:
-        shards = state["report"] / "shards"
-        if shards.is_dir():  # a report reflects this run only
-            for old in shards.glob("*.json"):
-                old.unlink()
+        # A report reflects this run only: earlier shards and the case files its rows named go.
+        case_files = (".json", ".npz")
+        for folder, suffixes in (("shards", (".json",)), (WORST_DIR, case_files), (CASES_DIR, case_files)):
+            for old in (state["report"] / folder).glob("*"):
+                if old.suffix in suffixes and old.is_file():
+                    old.unlink()
 
 
 _STATE = pytest.StashKey[dict]()
@@ -282,6 +290,7 @@ def _write_shard(config: pytest.Config, complete: bool) -> None:
     worker = worker_id(config) or "main"
     collector = state["collector"]
     if collector.rows or collector.gradients or collector.speed or collector.unsupported or worker == "main":
+        collector.save_cases(state["report"])
         collector.write_shard(state["report"] / "shards" / f"{worker}.json", worker=worker, gpu=state["gpu"],
                               pid=os.getpid(), complete=complete, profile=state["profile"],
                               impl=config.getoption("--tk-impl"))

@@ -1,4 +1,9 @@
-"""Hypothesis profiles: `ci` (derandomised, the default when CI is set), `dev`, `fuzz`."""
+"""Hypothesis profiles: `ci` (derandomised, the default when CI is set), `dev`, `fuzz` and `worst`.
+
+`fuzz` and `worst` search for the worst case: the differential suite reports each output's error to
+`hypothesis.target` there (`targets`), so that hypothesis steers towards larger errors; `ci` and `dev`
+report nothing and draw what they drew before targeting existed.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,10 @@ import os
 
 from hypothesis import HealthCheck, Phase, settings
 
-PROFILES = ("ci", "dev", "fuzz")
+PROFILES = ("ci", "dev", "fuzz", "worst")
+
+# The profiles under which the differential suite targets each output's error (`tkverify.suite.verify`).
+TARGETED = ("fuzz", "worst")
 
 # Cases hold tensors built from a few drawn numbers, so the usual health checks
 # about slow or large data generation only measure the kernels; they stay off.
@@ -22,9 +30,17 @@ def register_profiles() -> None:
         print_blob=True, database=None, suppress_health_check=_QUIET, phases=_PHASES,
     )
     settings.register_profile("dev", max_examples=100, deadline=None, print_blob=True, suppress_health_check=_QUIET, phases=_PHASES)
+    # The searching profiles start from hypothesis' own defaults (random, with its example database), not
+    # from the profile loaded when they are registered: hypothesis loads its derandomised "ci" profile
+    # where the CI variable is set, and a search that replays one fixed sequence finds nothing new.
+    searching = settings.get_profile("default")
     settings.register_profile(
-        "fuzz", max_examples=int(os.environ.get("TKVERIFY_FUZZ_EXAMPLES", 2000)), deadline=None,
+        "fuzz", parent=searching, max_examples=int(os.environ.get("TKVERIFY_FUZZ_EXAMPLES", 2000)), deadline=None,
         print_blob=True, suppress_health_check=_QUIET, phases=_PHASES,
+    )
+    settings.register_profile(
+        "worst", parent=searching, max_examples=int(os.environ.get("TKVERIFY_WORST_EXAMPLES", 10_000)),
+        deadline=None, print_blob=True, suppress_health_check=_QUIET, phases=_PHASES,
     )
 
 
@@ -52,6 +68,12 @@ def pin_constant_pool() -> bool:
     if cache is not None:
         cache.cache.clear()
     return True
+
+
+def targets(profile: str) -> bool:
+    """Whether the differential suite reports each output's error to `hypothesis.target` under `profile`
+    (a name `load` returned: a seeded variant targets as its profile does)."""
+    return profile.removesuffix("-seeded") in TARGETED
 
 
 def default_profile() -> str:

@@ -2,31 +2,52 @@
 
 `tkverify report` runs this module (``pytest --pyargs tkverify.suite``); the
 project's own tests import it too.  Each (op, implementation) pair is one test
-whose examples come from the op's strategy under the active hypothesis profile.
+whose examples come from the op's strategy under the active hypothesis profile; under the profiles
+that search for the worst case (`tkverify.profiles.targets`: fuzz, worst) each output's error is a
+`hypothesis.target`, which steers the search towards larger errors.
 """
 
 from __future__ import annotations
 
 import time
 
+import hypothesis
 from hypothesis import given
 
 from tkverify import gradients, registry
-from tkverify.check import UnsupportedTally, check_case
+from tkverify.check import UnsupportedTally, check_case, output_error, target_score, verification_errors
+from tkverify.policies import Comparison
+
+
+def target_errors(comparisons: list[Comparison]) -> None:
+    """Report each output's error (`tkverify.check.output_error`) to `hypothesis.target`, one label per
+    output; an output rejected as a whole (no element judged) and a NaN error give no score."""
+    for c in comparisons:
+        label, error = output_error(c)
+        score = target_score(error)
+        if c.count and score is not None:
+            hypothesis.target(score, label=label)
 
 
 def verify(spec: registry.OpSpec, impl: registry.Impl, *, case_dir=None, record=None,
-           record_unsupported=None) -> None:
+           record_unsupported=None, target: bool = False) -> None:
     """Let hypothesis hunt for a case where `impl` and the oracle disagree; raise on the shrunk one.
 
     Cases `impl` refuses with `registry.Unsupported` are counted (and passed to
     ``record_unsupported(op, impl, reason, seconds)``), never judged; if it refuses all, the test is skipped.
+    With `target`, every judged example's output errors are targets of the search (`target_errors`).
     """
     tally = UnsupportedTally(spec.name, impl.name, record_unsupported)
 
+    def judged(spec_, impl_, comparisons, case, timings):
+        if record is not None:
+            record(spec_, impl_, comparisons, case, timings)
+        if target:
+            target_errors(comparisons)
+
     @given(case=spec.strategy())
     def run(case):
-        tally.run(lambda: check_case(spec, impl, case, case_dir=case_dir, record=record))
+        tally.run(lambda: check_case(spec, impl, case, case_dir=case_dir, record=judged))
 
     run()
     tally.finish()
@@ -39,7 +60,11 @@ def test_differential(tk_op_impl, tk_state):
     start = time.perf_counter()
     try:
         verify(spec, spec.impls[impl_name], case_dir=tk_state["cases"], record=collector.record,
-               record_unsupported=collector.add_unsupported)
+               record_unsupported=collector.add_unsupported, target=tk_state["target"])
+    except BaseException as e:  # the shrunk failing case, which the report's row links to
+        for error in verification_errors(e):
+            collector.add_failing_case(op, impl_name, error)
+        raise
     finally:  # wall time includes drawing and shrinking, which the per-case timings do not see
         collector.add_wall(op, impl_name, time.perf_counter() - start)
 

@@ -120,9 +120,14 @@ class ResultRow(Row):
             self.extra[k] = max(self.extra.get(k, -math.inf), v)
         if other.worst is not None and (self.worst is None or other.max_ulp > self.max_ulp):
             self.worst = other.worst
+        # The worst case follows the larger share of the bound where both rows measure it, else the larger ULP error.
+        if other.bound_used is not None and self.bound_used is not None:
+            further = other.bound_used > self.bound_used
+        else:
+            further = other.max_ulp > self.max_ulp
         if other.bound_used is not None:
             self.bound_used = other.bound_used if self.bound_used is None else max(self.bound_used, other.bound_used)
-        if other.worst_case is not None and (self.worst_case is None or other.max_ulp > self.max_ulp):
+        if other.worst_case is not None and (self.worst_case is None or further):
             self.worst_case = other.worst_case
         if self.failing_case is None:
             self.failing_case = other.failing_case

@@ -3,17 +3,27 @@
 Each pytest-xdist worker (or the one process without xdist) keeps a `Collector` and writes its rows
 to ``DIR/shards/<worker>.json``; the controller merges the shards table by table
 (`merge_shards`, ...), folding the rows of one key as one collector would have.
+
+A collector also keeps, per result row, the example of its largest error (`tkverify.check.output_error`)
+and, per failing (op, impl), the shrunk failing case; `save_cases` writes them under the report folder
+(``DIR/worst/``, ``DIR/cases/``) as case files `tkverify replay` runs, and the rows name them
+(`ResultRow.worst_case`, `ResultRow.failing_case`, relative to DIR) so that the folder stands alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 
+from tkverify.case import Case, save_case
+from tkverify.check import output_error
 from tkverify.policies import Comparison
 from tkverify.report.rows import SPEED_PHASES, GradientRow, ResultRow, Row, SpeedRow, UnsupportedRow, fold_into
 
@@ -22,22 +32,113 @@ SHARD_TABLES: dict[type[Row], str] = {ResultRow: "rows", GradientRow: "gradients
                                       UnsupportedRow: "unsupported"}
 
 
+# The folders of a report that hold its rows' case files.
+WORST_DIR, CASES_DIR = "worst", "cases"
+
+
+@dataclasses.dataclass
+class WorstCase:
+    """The example of a result row's largest error so far, to be saved as a case file of the report."""
+
+    case: Case
+    label: str      # what `error` measures (`tkverify.check.output_error`)
+    error: float
+    policy: str
+    saved: bool = False  # written since it became the worst
+
+    def about(self, row: ResultRow) -> dict[str, Any]:
+        """What its case file records beside the case: the row and the error there."""
+        return {"output": row.output, "format": row.format, "policy": self.policy, "label": self.label,
+                "error": self.error}
+
+
+def _rank(error: float) -> float:
+    """An error as a worst-case search compares them: NaN is no error to keep."""
+    return -math.inf if math.isnan(error) else error
+
+
+def worst_case_name(key: tuple[str, ...]) -> str:
+    """The base name of a row's worst case in DIR/worst: ``<op>-<impl>-<output>-<format>`` (one op writes
+    one output in several formats, a row each), with characters a file name should not hold as ``_``."""
+    op, output, fmt, impl = key
+    return re.sub(r"[^A-Za-z0-9._+-]", "_", f"{op}-{impl}-{output}-{fmt}")
+
+
+def recorded_error(json_path: Path) -> float:
+    """The error a worst-case file records (-inf where there is none or the file is unreadable)."""
+    try:
+        return _rank(float(json.loads(json_path.read_text())["worst"]["error"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return -math.inf
+
+
 class Collector:
-    """The rows of one process, each table keyed by its rows' key."""
+    """The rows of one process, each table keyed by its rows' key, and the case files the rows name."""
 
     def __init__(self) -> None:
         self.rows: dict[tuple[str, ...], ResultRow] = {}
         self.gradients: dict[tuple[str, ...], GradientRow] = {}
         self.speed: dict[tuple[str, str], SpeedRow] = {}
         self.unsupported: dict[tuple[str, str], UnsupportedRow] = {}
+        self.worst_cases: dict[tuple[str, ...], WorstCase] = {}
+        # (op, impl) -> (the result rows it failed, the bytes of its case file's .json and .npz, base name)
+        self.failing_cases: dict[tuple[str, str], tuple[list[tuple[str, ...]], bytes, bytes, str]] = {}
 
     def record(self, spec, impl, comparisons: Iterable[Comparison], case=None,
                timings: dict[str, float] | None = None) -> None:
         """The verdicts of one judged case (`tkverify.check.check_case`'s `record`)."""
         for c in comparisons:
             self.add(spec.name, impl.name, c, case.describe() if case is not None else "")
+            if case is not None:
+                self.keep_if_worst((spec.name, c.output, c.fmt, impl.name), c, case)
         if timings:
             self.add_timings(spec.name, impl.name, timings)
+
+    def keep_if_worst(self, key: tuple[str, ...], c: Comparison, case: Case) -> None:
+        """Keep `case` as the worst example of the row `key` if its error is the largest yet."""
+        label, error = output_error(c)
+        kept = self.worst_cases.get(key)
+        if _rank(error) > -math.inf and (kept is None or _rank(error) > kept.error):
+            self.worst_cases[key] = WorstCase(case, label, error, c.policy)
+
+    def add_failing_case(self, op: str, impl: str, error: Any) -> None:
+        """The case file a `tkverify.check.VerificationError` saved (its shrunk failing case, where the test
+        ended): read now, so that a later run writing the same file changes nothing; `save_cases` copies it."""
+        path = getattr(error, "case_file", None)
+        if path is None:
+            return
+        json_path = Path(path)
+        npz_path = json_path.with_name(json_path.name.removesuffix(".json") + ".npz")
+        try:
+            saved = json_path.read_bytes(), npz_path.read_bytes()
+        except OSError:
+            return
+        failed = [(op, c.output, c.fmt, impl) for c in error.comparisons if not c.passed]
+        self.failing_cases[(op, impl)] = (failed, *saved, json_path.name.removesuffix(".json"))
+
+    def save_cases(self, report_dir: Path) -> None:
+        """Write the worst examples not yet written (``DIR/worst/``) and the failing cases (``DIR/cases/``),
+        and name them in the rows, relative to `report_dir`.
+
+        A worst-case file another process of the run wrote with a larger error stays (it is the row's
+        worst then), so the file of a row holds the largest error of every process that judged the row."""
+        for key, worst in self.worst_cases.items():
+            row = self.rows.get(key)
+            if row is None:
+                continue
+            json_path = report_dir / WORST_DIR / f"{worst_case_name(key)}.json"
+            if not worst.saved and recorded_error(json_path) <= worst.error:
+                save_case(json_path, worst.case, op=row.op, impl=row.impl, extra={"worst": worst.about(row)})
+            worst.saved = True
+            row.worst_case = json_path.relative_to(report_dir).as_posix()
+        for failed, json_bytes, npz_bytes, name in self.failing_cases.values():
+            folder = report_dir / CASES_DIR
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{name}.npz").write_bytes(npz_bytes)
+            (folder / f"{name}.json").write_bytes(json_bytes)
+            for key in failed:
+                if key in self.rows:
+                    self.rows[key].failing_case = f"{CASES_DIR}/{name}.json"
 
     def add(self, op: str, impl: str, c: Comparison, case_desc: str = "") -> None:
         fold_into(self.rows, ResultRow.of(op, impl, c, case_desc))
