@@ -4,6 +4,7 @@ the data model (registry, case, policies, formats, the built-in specs) imports w
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,11 +58,39 @@ def test_the_example_uses_public_names_only():
     assert used and [name for name in used if name not in tkverify.__all__] == []
 
 
+# Run in a fresh interpreter: records each import of pytest whose importing frame lies in this repository's
+# packages.  A third-party library may import pytest on its own (hypothesis does when trio is installed, as
+# selenium brings it): that is not the data model depending on pytest, so only our own frames count.
+_OWN_PYTEST_IMPORTS = """
+import builtins, os, sys
+ROOTS = tuple(os.path.join(os.getcwd(), p) + os.sep for p in ("tkverify", "kernels", "references", "strategies"))
+seen = []
+real_import = builtins.__import__
+def recording_import(name, globals=None, locals=None, fromlist=(), level=0):
+    if level == 0 and name.split(".")[0] in ("pytest", "_pytest"):
+        caller = sys._getframe(1).f_code.co_filename
+        if caller.startswith(ROOTS):
+            seen.append(f"{os.path.relpath(caller)} imports {name}")
+    return real_import(name, globals, locals, fromlist, level)
+builtins.__import__ = recording_import
+import tkverify, tkverify.registry, tkverify.case, tkverify.policies, tkverify.formats, tkverify.specs
+assert not seen, f"the data model imports pytest: {seen}"
+tkverify.load_plugins()
+assert not seen, f"a built-in spec or adapter imports pytest: {seen}"
+"""
+
+
 def test_the_data_model_imports_without_pytest():
-    code = ("import sys\n"
-            "import tkverify, tkverify.registry, tkverify.case, tkverify.policies, tkverify.formats, tkverify.specs\n"
-            "assert 'pytest' not in sys.modules, 'the data model imports pytest'\n"
-            "tkverify.load_plugins()\n"
-            "assert 'pytest' not in sys.modules, 'a built-in spec or adapter imports pytest'\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", _OWN_PYTEST_IMPORTS], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_import_recorder_sees_our_own_pytest_imports(tmp_path):
+    """The check above would notice a module of ours that imports pytest."""
+    (tmp_path / "strategies").mkdir()
+    (tmp_path / "strategies" / "__init__.py").write_text("")
+    (tmp_path / "strategies" / "leaky.py").write_text("import pytest\n")
+    code = _OWN_PYTEST_IMPORTS.replace("import tkverify, tkverify.registry", "import strategies.leaky\nimport tkverify, tkverify.registry")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert result.returncode != 0 and "strategies/leaky.py imports pytest" in result.stderr, result.stderr

@@ -1,4 +1,4 @@
-"""The `tkverify` command: list, report, replay, mutants, bench."""
+"""The `tkverify` command: list, report, replay, shards, bench, diff, mutants."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tkverify import registry
+from tkverify import profiles, registry
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -126,6 +126,7 @@ def _replay_one(path: Path, impl_name: str | None) -> int:
             comparisons = check_case(spec, impl, case, case_dir=None, excuse=False)
         except VerificationError as e:
             print(f"FAIL\n{e}")
+            _print_recorded_worst(meta, e.comparisons)
             return 1
     except registry.Unsupported as e:
         print(f"UNSUPPORTED: {e.reason}")
@@ -133,8 +134,22 @@ def _replay_one(path: Path, impl_name: str | None) -> int:
     for c in comparisons:
         print(f"  {c.output} ({c.fmt}, {c.policy}): {c.count} elements, {c.exact} exact, max ULP {c.max_ulp:.3g}"
               + _worst(c.worst))
+    _print_recorded_worst(meta, comparisons)
     print("PASS")
     return 0
+
+
+def _print_recorded_worst(meta: dict, comparisons) -> None:
+    """For a report row's worst case (DIR/worst/, its "worst" field): the error it was kept for, and the
+    same measure (`tkverify.check.output_error`) on this replay."""
+    from tkverify.check import output_error
+
+    recorded = meta.get("worst")
+    if not isinstance(recorded, dict):
+        return
+    replayed = [output_error(c) for c in comparisons if c.output == recorded.get("output")]
+    now = f"replayed {replayed[0][1]!r}" if replayed else "not measured on this replay"
+    print(f"  worst case of its report row: {recorded.get('label')} recorded {recorded.get('error')!r}, {now}")
 
 
 def _worst(worst: dict | None) -> str:
@@ -268,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = with_load(sub.add_parser("report", help="run the differential suite and write the ULP report"))
     r.add_argument("--impl", default="auto", help="auto, all, torch, tilelang, tile_kernels or a comma list")
-    r.add_argument("--profile", default=None, choices=("ci", "dev", "fuzz"))
+    r.add_argument("--profile", default=None, choices=profiles.PROFILES)
     r.add_argument("--out", default="tkverify-report", type=Path, help="output folder (default tkverify-report)")
     r.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers (e.g. 8 or auto)")
     r.add_argument("-k", default=None, help="pytest -k expression to select ops")
@@ -301,6 +316,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--ncu", type=Path, metavar="DIR", help="Nsight Compute counters of the shapes "
                    "(the ncu/ folder of scripts/gpu-run.sh --steps ncu): each tilelang row gets a note of what bounds it")
     b.set_defaults(func=cmd_bench)
+
+    # Two reports or two benches compared (tkverify/diff.py): the options live beside the comparison.
+    from tkverify import diff
+    diff.configure_parser(sub.add_parser(
+        "diff", help="regressions, improvements, new and vanished rows between two report.json or two bench.json "
+        "files (exit 1 on a regression, 2 on bad input)")).set_defaults(func=diff.main)
+
+    # Exhaustive sweeps and production shapes (tkverify/sweep): the options live beside the runner.
+    from tkverify import sweep
+    sweep.add_parser(sub)
 
     # Mutation testing (tkverify/mutants): the options live beside the runner.
     from tkverify import mutants
