@@ -202,6 +202,38 @@ def test_production_rows_at_a_shrunken_scale(tmp_path):
     assert all(p["oracle"] == "device float64" and p["oracle_s"] > 0 for p in doc["production"])
 
 
+def test_production_shapes_are_written_as_they_finish_and_judge_host_ops_once(tmp_path, monkeypatch):
+    """A run cut short keeps the shapes it judged (the report is rewritten after each), and a host-judged op's
+    float64 oracle runs once per shape, whatever the number of implementations."""
+    from tkverify.sweep import production
+    calls = []
+    real_oracle = production.oracle_outputs
+    monkeypatch.setattr(production, "oracle_outputs", lambda spec, case: calls.append(spec.name) or real_oracle(spec, case))
+    written = []
+    real_write = __import__("tkverify.sweep", fromlist=["write_outputs"]).write_outputs
+
+    def counting_write(out, doc, sweeps, shapes):
+        written.append(len(shapes))
+        return real_write(out, doc, sweeps, shapes)
+
+    monkeypatch.setattr("tkverify.sweep.write_outputs", counting_write)
+    real_chosen = production.chosen_impls
+
+    def twice(spec, wanted):  # the torch implementation under two names: two implementations of one shape
+        impls, unavailable = real_chosen(spec, wanted)
+        return {**impls, "torch_again": impls["torch"]}, unavailable
+
+    monkeypatch.setattr(production, "chosen_impls", twice)
+    rc, doc = _run_cli(tmp_path, "--parts", "none", "--production", "-k", "moe.normalize_weight",
+                       "--shape-scale", "0.001", "--impl", "torch")
+    assert rc == 0 and doc["production"], doc
+    shapes = len(doc["production"])
+    assert written == [0, *range(1, shapes + 1), shapes]
+    judged = [p for p in doc["production"] if not p.get("skipped")]
+    assert calls.count("moe.normalize_weight") == 2 * len(judged)  # the pilot's and the shape's, not one an impl
+    assert {r["impl"] for r in doc["rows"]} == {"torch", "torch_again"}
+
+
 def test_drawn_scale_factors_are_recorded_and_seeded():
     a = domains.scale_factors("e4m3", 8, seed=5)
     assert [s.value for s in a] == [s.value for s in domains.scale_factors("e4m3", 8, seed=5)]

@@ -94,11 +94,20 @@ def run_impl(spec: OpSpec, impl: Impl, case: Case, timings: dict[str, float] | N
     return name_outputs(spec, result, f"implementation {impl.name!r}")
 
 
-def run_oracle(spec: OpSpec, case: Case, actual: dict[str, Any] | None = None) -> dict[str, Any]:
-    expected = name_outputs(spec, spec.oracle(**case.inputs, **case.params), "the oracle")
+def run_oracle(spec: OpSpec, case: Case, actual: dict[str, Any] | None = None,
+               oracle: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The expected outputs of `case`: the float64 oracle's (`oracle`, when the caller already computed
+    them for these inputs: they do not depend on the implementation), completed by the spec's `given`
+    hook, which judges some outputs relative to the implementation's own (`actual`)."""
+    expected = dict(oracle) if oracle is not None else oracle_outputs(spec, case)
     if spec.given is not None and actual is not None:
         expected.update(spec.given(case, actual))
     return expected
+
+
+def oracle_outputs(spec: OpSpec, case: Case) -> dict[str, Any]:
+    """The float64 oracle's outputs of `case`, by output name."""
+    return name_outputs(spec, spec.oracle(**case.inputs, **case.params), "the oracle")
 
 
 def judge(spec: OpSpec, actual: dict[str, Any], expected: dict[str, Any]) -> list[Comparison]:

@@ -84,15 +84,20 @@ def main(args: argparse.Namespace) -> int:
             sweeps += codes16_sweep(registry.get(QUANT_OP), quant, settings, dtype, log)
     if "cast_back" in parts:
         sweeps += cast_back_sweep(registry.get(CAST_BACK_OP), back, settings, log)
+    unavailable = {QUANT_OP: quant_unavailable, CAST_BACK_OP: back_unavailable}
+
+    def write(shapes: list[ShapeRun]) -> tuple[dict[str, Any], dict[str, Path]]:
+        doc = sweep_document(sweeps, shapes, unavailable, settings, args, time.perf_counter() - started)
+        return doc, write_outputs(args.out, doc, sweeps, shapes)
+
     shapes: list[ShapeRun] = []
     if args.production:
+        write(shapes)  # the sweeps' results stay if the production shapes are cut short; each shape adds its own
         words = [w.strip() for w in (args.k or "").split(",") if w.strip()]
         specs = [s for s in registry.all_specs() if s.bench and (not words or any(w in s.name for w in words))]
         shapes = production_runs(specs, wanted, scale=args.shape_scale, host_limit_s=args.host_limit,
-                                 out_of_time=settings.out_of_time, log=log)
-    unavailable = {QUANT_OP: quant_unavailable, CAST_BACK_OP: back_unavailable}
-    doc = sweep_document(sweeps, shapes, unavailable, settings, args, time.perf_counter() - started)
-    paths = write_outputs(args.out, doc, sweeps, shapes)
+                                 out_of_time=settings.out_of_time, log=log, done=write)
+    doc, paths = write(shapes)
     failing = [r for r in doc["rows"] if r["verdict"] != "pass"]
     print(f"sweep: {paths['sweep_md']} (and sweep.json, report.md, report.json, report.html); "
           f"{len(doc['rows'])} rows, {len(failing)} failing, {doc['wall_s']:.1f} s")

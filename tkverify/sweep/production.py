@@ -22,7 +22,7 @@ import torch
 import references.encode as enc
 from tkverify import formats
 from tkverify.case import Case
-from tkverify.check import judge, name_outputs, run_oracle
+from tkverify.check import judge, name_outputs, oracle_outputs, run_oracle
 from tkverify.policies import Comparison
 from tkverify.registry import Impl, OpSpec, Unsupported
 from tkverify.report.rows import ResultRow
@@ -175,13 +175,24 @@ def _judge_on_device(run: ShapeRun, name: str, spec: OpSpec, outputs: dict[str, 
             run.label("data"), params.get("fmt", "e4m3"), "bitwise", f"cannot be judged: {e}")))
 
 
-def _host_rows(run: ShapeRun, name: str, spec: OpSpec, outputs: dict[str, Any], inputs: dict[str, Any],
-               params: dict[str, Any]) -> list[ResultRow]:
-    case = Case(params, {k: v.detach().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)})
-    start = time.perf_counter()
-    comparisons = judge(spec, outputs, run_oracle(spec, case, outputs))
-    run.oracle_s += time.perf_counter() - start
-    return [ResultRow.of(spec.name, name, dataclasses.replace(c, output=run.label(c.output))) for c in comparisons]
+class HostOracle:
+    """The float64 oracle of one shape on the host, computed once for all its implementations (its outputs
+    do not depend on the implementation; the spec's `given` part, which does, runs per implementation)."""
+
+    def __init__(self, spec: OpSpec, inputs: dict[str, Any], params: dict[str, Any]):
+        self.spec = spec
+        self.case = Case(params, {k: v.detach().cpu() for k, v in inputs.items() if isinstance(v, torch.Tensor)})
+        self.outputs: dict[str, Any] | None = None
+
+    def rows(self, run: ShapeRun, name: str, actual: dict[str, Any]) -> list[ResultRow]:
+        """The rows of implementation `name`'s outputs; the oracle's and the judging's seconds go to run.oracle_s."""
+        start = time.perf_counter()
+        if self.outputs is None:
+            self.outputs = oracle_outputs(self.spec, self.case)
+        comparisons = judge(self.spec, actual, run_oracle(self.spec, self.case, actual, oracle=self.outputs))
+        run.oracle_s += time.perf_counter() - start
+        return [ResultRow.of(self.spec.name, name, dataclasses.replace(c, output=run.label(c.output)))
+                for c in comparisons]
 
 
 def _pilot_estimate(spec: OpSpec, name: str, impl: Impl, inputs: dict[str, Any], params: dict[str, Any]) -> float:
@@ -189,7 +200,7 @@ def _pilot_estimate(spec: OpSpec, name: str, impl: Impl, inputs: dict[str, Any],
     pilot_inputs = shrink(inputs, 1 / PILOT_FRACTION)
     probe = ShapeRun(spec.name, "pilot", "host numpy")
     outputs = name_outputs(spec, _call(probe, name, impl, pilot_inputs, params), name)
-    _host_rows(probe, name, spec, outputs, pilot_inputs, params)
+    HostOracle(spec, pilot_inputs, params).rows(probe, name, outputs)
     return probe.oracle_s * PILOT_FRACTION
 
 
@@ -201,6 +212,7 @@ def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float,
     inputs = shrink(inputs, scale)
     on_device = spec.name in DEVICE_PATHS
     run = ShapeRun(spec.name, shape.name, "device float64" if on_device else "host numpy")
+    host = None if on_device else HostOracle(spec, inputs, params)
     for name, impl in impls.items():
         try:
             if not on_device and run.skipped is None and not run.rows:
@@ -229,16 +241,18 @@ def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float,
         if on_device:
             _judge_on_device(run, name, spec, outputs, inputs, params)
         else:
-            run.rows += _host_rows(run, name, spec, outputs, inputs, params)
+            run.rows += host.rows(run, name, outputs)
     log(f"production {spec.name} [{shape.name}]: {len(run.rows)} rows, oracle {run.oracle_s:.2f} s ({run.oracle})"
         + (f"; skipped: {run.skipped}" if run.skipped else ""))
     return run
 
 
 def production_runs(specs: list[OpSpec], wanted: list[str] | None, *, scale: float, host_limit_s: float,
-                    out_of_time: Callable[[], bool], log: Callable[[str], None]) -> list[ShapeRun]:
-    """Every forward bench shape of `specs`, each judged for every available implementation asked for."""
-    runs = []
+                    out_of_time: Callable[[], bool], log: Callable[[str], None],
+                    done: Callable[[list[ShapeRun]], None] = lambda runs: None) -> list[ShapeRun]:
+    """Every forward bench shape of `specs`, each judged for every available implementation asked for;
+    `done` gets the runs so far after each shape (the caller writes them, so a run cut short keeps them)."""
+    runs: list[ShapeRun] = []
     for spec in specs:
         for shape in spec.bench:
             if out_of_time():
@@ -248,6 +262,7 @@ def production_runs(specs: list[OpSpec], wanted: list[str] | None, *, scale: flo
             run = shape_run(spec, shape, impls, scale=scale, host_limit_s=host_limit_s, log=log)
             run.unavailable = unavailable
             runs.append(run)
+            done(runs)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     return runs
