@@ -102,6 +102,7 @@ from torch.autograd.gradcheck import GradcheckError
 from tkverify import formats
 from tkverify.case import Case, save_case
 from tkverify.check import UnsupportedTally, VerificationError, excuse_known, replay_command, run_impl
+from tkverify.poison import poisoned
 from tkverify.policies import Bracket
 from tkverify.registry import Backward, Failure, Impl, OpSpec
 
@@ -425,9 +426,10 @@ def _run_backward(spec: OpSpec, impl_name: str, cots: dict[str, torch.Tensor], i
     args = {**_grad_kwargs(bw, {o: c.to(device) for o, c in cots.items()}),
             **{n: (t.to(device) if isinstance(t, torch.Tensor) else t) for n, t in inputs.items()},
             **{s: fwd[s] for s in bw.saved}}
-    result = _backward_impl(spec, impl_name).function()(**args, **params)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    with poisoned():  # a gradient element the backward leaves unwritten holds NaN, never a plausible value
+        result = _backward_impl(spec, impl_name).function()(**args, **params)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     return _named(result, list(bw.grads), f"the backward of implementation {impl_name!r}")
 
 

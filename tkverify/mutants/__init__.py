@@ -66,6 +66,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import torch
 from hypothesis import Phase, settings
 from hypothesis.errors import HypothesisWarning
 
@@ -169,6 +170,25 @@ def patched(fn: Callable[..., Any], module: str, **replacements: Any) -> Callabl
 def original(module: str, name: str) -> Any:
     """The unpatched attribute (to wrap in a replacement)."""
     return getattr(importlib.import_module(module), name)
+
+
+_RAW_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def unwritten_rows(t: torch.Tensor, written: torch.Tensor) -> torch.Tensor:
+    """`t` as a kernel that writes only the rows `written` (bool, one per row of dim 0) leaves it.
+
+    A fresh buffer with t's dtype, shape, strides and storage size, allocated with torch.empty (so
+    it holds what the allocator hands out: the poison sentinel inside `tkverify.poison.poisoned`,
+    recycled memory without it), gets t's written rows bit for bit and nothing else.
+    """
+    storage = torch.empty(t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype, device=t.device)
+    out = storage.as_strided(t.shape, t.stride(), t.storage_offset())
+    if t.numel():
+        raw = _RAW_BITS[t.element_size()]
+        rows = written.to(device=t.device, dtype=torch.bool)
+        out.view(raw)[rows] = t.view(raw)[rows]
+    return out
 
 
 # -- the catalogue ------------------------------------------------------------------

@@ -27,7 +27,7 @@ import torch
 
 import references.quant as ref
 from tkverify import formats
-from tkverify.mutants import Mutant, original, patched
+from tkverify.mutants import Mutant, original, patched, unwritten_rows
 
 EAGER = "kernels.torch.quant"
 _ENCODERS = {"e4m3": "_encode_e4m3", "e2m1": "_encode_e2m1", "e5m6": "_encode_e5m6"}
@@ -231,6 +231,23 @@ def counter_low_word(swiglu: Callable[..., Any]) -> Callable[..., Any]:
     return broken
 
 
+def swiglu_padding_unwritten(swiglu: Callable[..., Any]) -> Callable[..., Any]:
+    """SwiGLU that skips the padding rows (pos_to_token_topk == -1) instead of writing +0 codes
+    and the sf of a zero block: its data and sf keep only the other rows, in torch.empty buffers of
+    the same layout (`unwritten_rows`), as a kernel that returns early on a padding row leaves
+    them.  Without pos_to_token_topk there is no padding and nothing changes."""
+
+    def broken(**kwargs: Any) -> Any:
+        data, sf, count = swiglu(**kwargs)
+        pos = kwargs.get("pos_to_token_topk")
+        if pos is None:
+            return data, sf, count
+        live = pos >= 0
+        return unwritten_rows(data, live), unwritten_rows(sf, live), count
+
+    return broken
+
+
 # -- the catalogue ---------------------------------------------------------------------------------
 
 _ROUNDING = {
@@ -257,6 +274,10 @@ MUTANTS = [
     Mutant("swiglu_clamp_one_sided", "quant.swiglu_forward_and_per_token_cast",
            "the SwiGLU clamp bounds r from above only (r = min(r, c)), not to [-c, c]",
            model=one_sided_clamp),
+    Mutant("swiglu_padding_rows_unwritten", "quant.swiglu_forward_and_per_token_cast",
+           "the padding rows (pos_to_token_topk == -1) of data and sf are left unwritten instead of zero codes "
+           "and a zero block's sf",
+           model=swiglu_padding_unwritten),
     Mutant("swiglu_counter_32bit", "quant.swiglu_forward_and_per_token_cast",
            "clamped_count is added to in 32 bits: a carry out of the low word is lost",
            model=counter_low_word),
