@@ -71,6 +71,7 @@ import torch
 
 from . import _tilelang
 from .torch import transpose as eager
+from .torch._checks import check_dense_rows
 from ._tilelang import KernelDef, tuning_only
 
 THREADS = 256
@@ -489,8 +490,10 @@ BATCHED_TRANSPOSE = KernelDef("transpose.batched_transpose", build_batched_trans
 
 
 def _check_x(x, ndim: int, layout: str) -> None:
-    """kernels/torch/transpose.py's checks (same errors for the same bad arguments), then a CUDA device."""
+    """kernels/torch/transpose.py's checks (same errors for the same bad arguments), dense rows (the
+    kernel takes no row stride), then a CUDA device."""
     eager._check_transpose_arg(x, ndim, layout)
+    check_dense_rows("x", x)
     _tilelang.require_cuda("x", x)
 
 

@@ -140,3 +140,70 @@ def test_replay_takes_several_case_files_in_one_process(tmp_path, capsys, monkey
     assert cli.main(["replay", str(good), str(junk)]) == 2
     assert cli.main(["replay", str(good), str(good)]) == 0
     assert cli.main(["replay", str(bad), "--load", "broken"]) == 1
+
+
+def _drawn_layouts() -> dict[str, torch.Tensor]:
+    """A row-strided x (a slice of rows twice as wide, NaN padding) and a batch slice (``buf[1:3]``)."""
+    g = torch.Generator().manual_seed(1)
+    wide = torch.full((4, 12), float("nan"), dtype=torch.bfloat16)
+    wide[:, :6] = torch.randn(4, 6, generator=g).to(torch.bfloat16)
+    batch = torch.randn(4, 3, 5, generator=g)
+    return {"x": wide[:, :6], "b": batch[1:3], "plain": torch.arange(6, dtype=torch.int32).reshape(2, 3)}
+
+
+def _same_layout_and_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.stride() == want.stride() and got.storage_offset() == want.storage_offset()
+    assert torch.equal(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8))
+
+
+def test_layouts_survive_the_case_file_and_the_copy_to_a_device(tmp_path):
+    inputs = _drawn_layouts()
+    assert inputs["x"].stride() == (12, 1) and inputs["b"].storage_offset() == 15
+    case = Case({"k": 1}, inputs)
+    for name, t in case.to("cpu").items():
+        _same_layout_and_bits(t, inputs[name])
+        assert t.untyped_storage().data_ptr() != inputs[name].untyped_storage().data_ptr()  # a copy
+    moved = case.to("cpu")["x"]
+    assert torch.isnan(moved.as_strided((3, 12), (12, 1), 0)[:, 6:]).all()  # the padding between rows too
+    path = save_case(tmp_path / "strided", case, op="moe.topk_gate", impl="torch")
+    tensors = json.loads(path.read_text())["tensors"]
+    assert tensors["x"] == {"dtype": "bfloat16", "shape": [4, 6], "strides": [12, 1], "storage_offset": 0,
+                                 "storage_size": 42}
+    assert tensors["b"]["storage_offset"] == 15 and "strides" not in tensors["plain"]
+    loaded, _ = load_case(path)
+    for name, t in loaded.inputs.items():
+        _same_layout_and_bits(t, inputs[name])
+        _same_layout_and_bits(Case({}, {name: t}).to("cpu")[name], inputs[name])
+    padding = loaded.inputs["x"].as_strided((3, 6), (12, 1), 6)
+    assert torch.isnan(padding.float()).all()  # the sentinel (0xFF bytes) where nothing was recorded
+    assert loaded.inputs["b"].as_strided((15,), (1,), 0).view(torch.int32).eq(-1).all()
+
+
+def test_a_case_file_without_layouts_loads_contiguous(tmp_path):
+    inputs = _drawn_layouts()
+    path = save_case(tmp_path / "old", Case({}, inputs), op="moe.topk_gate", impl="torch")
+    fields = ("strides", "storage_offset", "storage_size")
+    _edit_json(path, lambda meta: [info.pop(f, None) for info in meta["tensors"].values() for f in fields])
+    loaded, _ = load_case(path)
+    for name, t in loaded.inputs.items():
+        assert t.is_contiguous() and t.storage_offset() == 0
+        assert torch.equal(t.view(torch.uint8), inputs[name].contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("record", [{"strides": [1]}, {"strides": [12, -1]}, {"storage_size": 10},
+                                    {"storage_offset": "0"}])
+def test_a_damaged_layout_record_is_refused(tmp_path, record):
+    path = save_case(tmp_path / "c", Case({}, _drawn_layouts()), op="moe.topk_gate", impl="torch")
+    _edit_json(path, lambda meta: meta["tensors"]["x"].update(record))
+    with pytest.raises(CaseFileError, match="tensor 'x'"):
+        load_case(path)
+
+
+def test_replay_runs_a_strided_case_as_drawn(tmp_path, capsys):
+    wide = torch.full((5, 9), float("nan"))
+    wide[:, :4] = torch.arange(20, dtype=torch.float32).reshape(5, 4)
+    path = save_case(tmp_path / "t", Case({}, {"x": wide[:, :4]}), op="transpose.transpose", impl="torch")
+    assert cli.main(["replay", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "x=(5, 4):float32 strides (9, 1) offset 0" in out and "PASS" in out

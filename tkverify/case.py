@@ -7,6 +7,16 @@ again anywhere.  On disk a case is two files side by side:
 * ``NAME.npz``  - every tensor as its raw bytes (so bf16 and fp8 survive numpy),
 * ``NAME.json`` - op, implementation, parameters, each tensor's dtype and shape,
   and the library versions that produced it.
+
+A tensor's layout is part of the case: a row-strided slice of a wider buffer or a
+slice of a batch reaches an implementation as drawn.  `Case.to` copies the storage
+a tensor views (up to its last element) and rebuilds the same view (strides and
+storage offset) on the device, and a case file records the strides, the storage
+offset and the storage size of every tensor that is not plainly contiguous
+(`is_plain`); on load the storage is
+filled with `SENTINEL_BYTE` (the bytes a layout's padding holds when drawn) and
+the values are written into the view.  A tensor without that record (every
+case file written before layouts were recorded) loads contiguous.
 """
 
 from __future__ import annotations
@@ -27,6 +37,69 @@ FORMAT_VERSION = 1
 _CARRIER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+# The byte a layout's padding (the storage outside a view's elements) is filled with: 0xFF is a NaN
+# in every floating format a case holds (fp32, bf16, fp16, fp8 e4m3fn and e5m2) and -1 in the integer
+# ones, so an implementation that reads padding shows it.
+SENTINEL_BYTE = 0xFF
+
+
+def dense_strides(shape) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of `shape` (row-major; a dimension of size 0 or 1 counts as 1)."""
+    strides, step = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def is_plain(t: torch.Tensor) -> bool:
+    """Whether `t` has exactly the strides of a contiguous tensor from the start of its storage (the layout
+    a plain copy has).  Stricter than `is_contiguous`, which ignores the stride of a dimension of size 1:
+    a single row sliced from a wider buffer keeps its row stride here."""
+    return t.storage_offset() == 0 and t.stride() == dense_strides(t.shape)
+
+
+def span_of(shape, stride, offset: int) -> int:
+    """The elements of storage a view of this shape, strides and offset reaches: offset + 1 + its
+    largest linear index (the offset alone for an empty view)."""
+    if any(n == 0 for n in shape):
+        return offset
+    return offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
+def storage_span(t: torch.Tensor) -> int:
+    """`span_of` `t`'s own shape, strides and storage offset."""
+    return span_of(t.shape, t.stride(), t.storage_offset())
+
+
+def sentinel_buffer(numel: int, dtype: torch.dtype, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A 1-D storage of `numel` elements whose every byte is `SENTINEL_BYTE` (bool: True)."""
+    buffer = torch.empty(numel, dtype=dtype, device=device)
+    if dtype == torch.bool:
+        return buffer.fill_(True)
+    buffer.view(torch.uint8).fill_(SENTINEL_BYTE)
+    return buffer
+
+
+def strided_view(values: torch.Tensor, stride: tuple[int, ...], offset: int, storage: int) -> torch.Tensor:
+    """`values` written into a view with these strides and storage offset of a new sentinel-filled
+    storage of `storage` elements, on `values`' device."""
+    buffer = sentinel_buffer(storage, values.dtype, values.device)
+    view = buffer.as_strided(tuple(values.shape), tuple(stride), offset)
+    view.copy_(values)
+    return view
+
+
+def copy_layout(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """A copy of `t` on `device` with the same strides and storage offset, over a copy of the storage
+    it views (padding included, so a sentinel in it comes along)."""
+    if is_plain(t):
+        return t.to(device, copy=True)
+    span = storage_span(t)
+    whole = t.as_strided((span,), (1,), 0).to(device, copy=True)
+    return whole.as_strided(tuple(t.shape), t.stride(), t.storage_offset())
+
+
 class CaseFileError(ValueError):
     """A case file that is missing, truncated, or not one of ours."""
 
@@ -39,16 +112,20 @@ class Case:
     inputs: dict[str, torch.Tensor]
 
     def describe(self) -> str:
+        """Params and each tensor's shape and dtype, with its strides and storage offset where they are
+        not those of a plain contiguous tensor."""
         shapes = ", ".join(
             f"{k}={tuple(v.shape)}:{str(v.dtype).replace('torch.', '')}"
+            + ("" if is_plain(v) else f" strides {v.stride()} offset {v.storage_offset()}")
             for k, v in self.inputs.items()
         )
         return f"params={self.params} inputs[{shapes}]"
 
     def to(self, device: str | torch.device) -> dict[str, torch.Tensor]:
-        """Copies of the inputs on `device`: an implementation that writes into its
-        input must not change what the oracle and the case file see."""
-        return {k: v.to(device, copy=True) for k, v in self.inputs.items()}
+        """Copies of the inputs on `device`, each with the strides and storage offset it was drawn with
+        (`copy_layout`): an implementation that writes into its input must not change what the oracle
+        and the case file see."""
+        return {k: copy_layout(v, device) for k, v in self.inputs.items()}
 
 
 def versions() -> dict[str, str]:
@@ -88,6 +165,24 @@ def _tensor_header(json_path: Path, name: str, info: Any) -> tuple[torch.dtype, 
     return dtype, tuple(shape)
 
 
+def _with_layout(json_path: Path, name: str, info: dict, values: torch.Tensor) -> torch.Tensor:
+    """`values` in the layout the tensor's JSON entry records (strides, storage offset, storage size),
+    or as they are where it records none."""
+    if "strides" not in info:
+        return values
+    stride, offset, storage = info.get("strides"), info.get("storage_offset"), info.get("storage_size")
+    strides_ok = isinstance(stride, list) and len(stride) == values.dim() and all(
+        type(s) is int and s >= 0 for s in stride)
+    if not (strides_ok and type(offset) is int and offset >= 0 and type(storage) is int):
+        raise CaseFileError(f"{json_path}: tensor {name!r} needs strides (one integer >= 0 per dimension), a "
+                            f"storage_offset and a storage_size, got {stride!r}, {offset!r}, {storage!r}")
+    reach = span_of(values.shape, stride, offset)
+    if storage < reach:
+        raise CaseFileError(f"{json_path}: tensor {name!r} with strides {stride} and offset {offset} reaches "
+                            f"{reach} elements of storage, more than its storage_size {storage}")
+    return strided_view(values, tuple(stride), offset, storage)
+
+
 def _base(path: str | Path) -> Path:
     """The path without .json/.npz (op names hold dots, so with_suffix("") would cut them)."""
     p = Path(path)
@@ -99,10 +194,13 @@ def save_case(path: str | Path, case: Case, *, op: str, impl: str, extra: dict |
     base = _base(path)
     base.parent.mkdir(parents=True, exist_ok=True)
     arrays, tensors = {}, {}
-    for name, t in case.inputs.items():
-        t = t.detach().cpu().clone(memory_format=torch.contiguous_format)
+    for name, drawn in case.inputs.items():
+        t = drawn.detach().cpu().clone(memory_format=torch.contiguous_format)
         arrays[name] = t.view(_CARRIER[t.element_size()]).numpy() if t.numel() else np.zeros(0, np.uint8)
         tensors[name] = {"dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
+        if not is_plain(drawn):
+            tensors[name].update(strides=list(drawn.stride()), storage_offset=drawn.storage_offset(),
+                                 storage_size=storage_span(drawn))
     np.savez(base.parent / (base.name + ".npz"), **arrays)
     meta = {
         "tkverify_case": FORMAT_VERSION,
@@ -163,5 +261,5 @@ def load_case(path: str | Path) -> tuple[Case, dict[str, Any]]:
             continue
         if raw.numel() != n or raw.element_size() != torch.empty((), dtype=dtype).element_size():
             raise CaseFileError(f"{npz_path}: tensor {name!r} holds {raw.numel()} elements, the header says {shape}")
-        inputs[name] = raw.view(dtype).reshape(shape).clone()
+        inputs[name] = _with_layout(json_path, name, info, raw.view(dtype).reshape(shape).clone())
     return Case(params=meta["params"], inputs=inputs), meta

@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import torch
 
+from strategies.layouts import check_layouts
+
 # Implementations every built-in op may have, in the order `--tk-impl all` runs them.
 BUILTIN_IMPLS = ("torch", "tilelang", "tile_kernels")
 
@@ -89,6 +91,10 @@ class Impl:
     ``known(case, failure)`` (optional) returns a finding's id and title when a
     failure on a case is one the implementation is known to have (see
     `KnownDiscrepancy`), else None: for libraries under test, never for our own.
+    ``layouts`` maps an input to the memory layouts the implementation accepts for it
+    (`strategies.layouts.LAYOUTS`: "contiguous", "row_strided", "batch_slice"); the
+    differential suite draws each such input among them (`strategies.layouts.with_layouts`).
+    An input it does not name is drawn contiguous.
     """
 
     name: str
@@ -97,6 +103,10 @@ class Impl:
     requires: tuple[str, ...] = ()
     available: Callable[[], str | None] | None = None
     known: Callable[[Any, Failure], str | None] | None = None
+    layouts: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_layouts(self.layouts)
 
     def unavailable_reason(self) -> str | None:
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -131,9 +141,9 @@ class Impl:
         return fn
 
 
-def torch_impl(target: str | Callable[..., Any]) -> Impl:
-    """The eager PyTorch implementation: runs on CUDA when there is one, else on CPU."""
-    return Impl("torch", target, device="auto")
+def torch_impl(target: str | Callable[..., Any], layouts: dict[str, tuple[str, ...]] | None = None) -> Impl:
+    """The eager PyTorch implementation: runs on CUDA when there is one, else on CPU; `layouts` as `Impl`'s."""
+    return Impl("torch", target, device="auto", layouts=dict(layouts or {}))
 
 
 def tilelang_impl(target: str | Callable[..., Any]) -> Impl:

@@ -9,11 +9,13 @@ that search for the worst case (`tkverify.profiles.targets`: fuzz, worst) each o
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import hypothesis
 from hypothesis import given
 
+from strategies.layouts import with_layouts
 from tkverify import gradients, registry
 from tkverify.check import UnsupportedTally, check_case, output_error, target_score, verification_errors
 from tkverify.policies import Comparison
@@ -38,10 +40,19 @@ def targeting(record=None):
     return record_and_target
 
 
+def drawing_layouts(spec: registry.OpSpec, impl: registry.Impl) -> registry.OpSpec:
+    """`spec` with a strategy that redraws each input `impl` takes in more than one layout among those
+    (`strategies.layouts.with_layouts`); `spec` itself where `impl` takes only contiguous inputs."""
+    if not any(set(classes) - {"contiguous"} for classes in impl.layouts.values()):
+        return spec
+    return dataclasses.replace(spec, strategy=lambda: with_layouts(spec.strategy(), impl.layouts))
+
+
 def verify(spec: registry.OpSpec, impl: registry.Impl, *, case_dir=None, record=None,
            record_unsupported=None, target: bool = False) -> None:
     """Let hypothesis hunt for a case where `impl` and the oracle disagree; raise on the shrunk one.
 
+    Each input is drawn in the layouts `impl` declares for it (`registry.Impl.layouts`).
     Cases `impl` refuses with `registry.Unsupported` are counted (and passed to
     ``record_unsupported(op, impl, reason, seconds)``), never judged; if it refuses all, the test is skipped.
     With `target`, every judged example's output errors are targets of the search (`target_errors`).
@@ -49,9 +60,11 @@ def verify(spec: registry.OpSpec, impl: registry.Impl, *, case_dir=None, record=
     tally = UnsupportedTally(spec.name, impl.name, record_unsupported)
     if target:
         record = targeting(record)
+    spec = drawing_layouts(spec, impl)
 
-    # Under a derandomised profile (ci) hypothesis seeds the search from this function's source: any edit
-    # to `run` changes every example ci draws, so what varies (recording, targeting) lives in `record`.
+    # Under a derandomised profile (ci) hypothesis seeds the search from this function's source (its
+    # decorator included): any edit to `run` changes every example ci draws, so what varies (recording,
+    # targeting, the layouts drawn) lives in `record` and in `spec`.
     @given(case=spec.strategy())
     def run(case):
         tally.run(lambda: check_case(spec, impl, case, case_dir=case_dir, record=record))

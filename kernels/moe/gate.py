@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 
 from kernels.torch import moe as eager  # the argument checks are the eager module's
+from ..torch._checks import check_dense_rows
 
 from .. import _tilelang
 from .._tilelang import KernelDef
@@ -149,6 +150,7 @@ def topk_gate(scores: torch.Tensor, k: int) -> torch.Tensor:
     (NaN first, then +inf, ..., -inf; -0.0 == +0.0; ties to the lower index).
     """
     eager._check_topk_gate_args(scores, k)
+    check_dense_rows("scores", scores)
     _tilelang.require_cuda("scores", scores)
     num_tokens, num_experts = scores.shape
     k = int(k)

@@ -39,6 +39,7 @@ import torch
 from .. import _tilelang
 from .._tilelang import KernelDef
 from ..torch import quant as eager
+from ..torch._checks import check_dense_rows
 from .common import (CHUNK, DATA_WORDS_PER_CHUNK, IN_DTYPES, PASS_CONFIGS, VECTOR_BYTES, WORDS_PER_CHUNK, _bits,
                      _f32, _new_data, _new_sf, _sf_args, _u, _words)
 from .encode import _e2m1_nibble
@@ -428,6 +429,7 @@ def per_block_cast(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | 
     """(data, sf) of x (T, H) quantised in 2-D blocks of bm x bk (sf (ceil(T/bm), H/bk))."""
     fmt, (bm, bk), cm = eager._check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0,
                                                     use_tma_aligned_col_major_sf, clamp_min)
+    check_dense_rows("x", x)
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     num_rows, hidden = x.shape
@@ -446,6 +448,7 @@ def per_channel_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_tokens: int = 1
     """(data, sf) of x (T, H) quantised in blocks of num_per_tokens x 1 (sf (ceil(T/npt), H))."""
     fmt, n, cm = eager._check_per_channel_args(x, fmt, num_per_tokens, round_sf, use_ue8m0, use_packed_ue8m0,
                                                use_tma_aligned_col_major_sf, clamp_min)
+    check_dense_rows("x", x)
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     num_rows, hidden = x.shape

@@ -19,6 +19,7 @@ import torch
 
 from .. import _tilelang
 from ..torch import quant as eager
+from ..torch._checks import check_dense_rows
 from .common import CHUNK, IN_DTYPES, _crop_data, _new_data, _new_sf, _sf_args
 from .token_cast import _padded_hidden, _token_launch
 from .token_kernel import token_config
@@ -40,6 +41,7 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
     hidden, fmt, n, cm, c = eager._check_swiglu_args(x, fmt, num_per_channels, topk_weights, pos_to_token_topk,
                                                      clamp, clamped_count, round_sf, use_ue8m0, use_packed_ue8m0,
                                                      use_tma_aligned_col_major_sf, clamp_min)
+    check_dense_rows("x", x)
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     return _swiglu_checked(x, hidden, fmt, n, cm, c, topk_weights, pos_to_token_topk, clamped_count, round_sf,

@@ -19,6 +19,7 @@ import torch
 
 from .. import _tilelang
 from ..torch import quant as eager
+from ..torch._checks import check_dense_rows
 from .common import (CHUNK, IN_DTYPES, VECTOR_BYTES, WARP, _crop_data, _new_data, _new_sf, _sf_args, _SfArgs,
                      _words, magic_divisor)
 from .token_kernel import (FAST_CHUNKS_PER_LANE, GENERIC_STEPS, ROW_PATH, TOKEN_CAST, TokenConfig, fast_paths,
@@ -134,6 +135,7 @@ def per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 1
     """(data, sf) of x (T, H) quantised in blocks of 1 x num_per_channels (see kernels/torch/quant.py)."""
     fmt, n, cm = eager._check_per_token(x, fmt, num_per_channels, round_sf, use_ue8m0, use_packed_ue8m0,
                                         use_tma_aligned_col_major_sf, clamp_min)
+    check_dense_rows("x", x)
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     return _token_cast(x, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm, True)
@@ -146,6 +148,7 @@ def per_token_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", num_per_chan
     """The sf per_token_cast would return, without the data (x is read once, nothing else written)."""
     fmt, n, cm = eager._check_per_token(x, fmt, num_per_channels, round_sf, use_ue8m0, use_packed_ue8m0,
                                         use_tma_aligned_col_major_sf, clamp_min)
+    check_dense_rows("x", x)
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     return _token_cast(x, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm,
@@ -156,6 +159,7 @@ def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: s
                                        num_per_channels: int = 128) -> torch.Tensor:
     """The data of x (T, H) quantised with a given sf (T, H / num_per_channels) of any storage and strides."""
     fmt, n = eager._check_precomputed_args(x, sf, fmt, num_per_channels)
+    check_dense_rows("x", x)
     num_rows, hidden = x.shape
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)

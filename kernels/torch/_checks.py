@@ -16,6 +16,39 @@ def check_tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], ndim: in
     return t
 
 
-def check_contiguous(name: str, t: torch.Tensor) -> None:
+def check_contiguous(name: str, t: torch.Tensor, why: str = "") -> None:
+    """A contiguous tensor (any storage offset); `why` is appended to the error."""
     if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}")
+        raise ValueError(f"{name} must be contiguous{why}, got strides {t.stride()} for shape {tuple(t.shape)}")
+
+
+def check_dense_rows(name: str, t: torch.Tensor) -> None:
+    """For the TileLang wrappers, after the eager checks (`check_rows`) let a row stride through: their
+    kernels read `name` as one dense block of rows and take no row stride yet, so refuse it by name."""
+    check_contiguous(name, t, " (the TileLang kernel reads it as dense rows and takes no row stride)")
+
+
+def check_rows(name: str, t: torch.Tensor) -> None:
+    """Contiguous rows in any row layout: the last dimension's stride is 1 (where it holds more than one
+    element) and no two elements share memory; the leading strides are free (a slice ``buf[..., :n]`` of
+    a wider buffer, a slice of a batch).  torch has no negative strides, so none needs refusing."""
+    if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()} "
+                         f"for shape {tuple(t.shape)}")
+    if overlapping(t):
+        raise ValueError(f"{name} must not have overlapping elements, got strides {t.stride()} "
+                         f"for shape {tuple(t.shape)}")
+
+
+def overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of `t` share memory: the dimensions of more than one element, taken by
+    increasing stride, each step past the whole extent of the ones before it."""
+    if t.numel() <= 1:
+        return False
+    dims = sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1)
+    extent = 1
+    for stride, size in dims:
+        if stride < extent:
+            return True
+        extent = stride * (size - 1) + extent
+    return False

@@ -90,7 +90,7 @@ import numbers
 
 import torch
 
-from ._checks import check_contiguous as _check_contiguous, check_tensor as _check_tensor
+from ._checks import check_contiguous as _check_contiguous, check_rows as _check_rows, check_tensor as _check_tensor
 
 # The limits every topk_gate implementation in tkverify supports.
 MAX_EXPERTS = 1024
@@ -104,7 +104,7 @@ def _check_topk_gate_args(scores: object, k: object) -> None:
         raise TypeError(f"scores must have dtype torch.float32, got {scores.dtype}")
     if scores.dim() != 2:
         raise ValueError(f"scores must be 2-D (T, E), got shape {tuple(scores.shape)}")
-    _check_contiguous("scores", scores)
+    _check_rows("scores", scores)  # any row stride: each row is read on its own
     num_experts = scores.shape[1]
     if not 1 <= num_experts <= MAX_EXPERTS:
         raise ValueError(f"scores must have 1 <= E <= {MAX_EXPERTS} columns (experts), got E={num_experts}")

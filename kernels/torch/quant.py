@@ -25,7 +25,9 @@ Signatures
 
 Tensors
 -------
-x          (T, H) bfloat16 or float32, contiguous (swiglu: (N, 2H)).
+x          (T, H) bfloat16 or float32 (swiglu: (N, 2H)), with contiguous rows: the last
+           dimension's stride is 1, the row stride any (a slice of a wider buffer),
+           no overlapping elements.
 data       e4m3: float8_e4m3fn (T, H); e2m1: int8 (T, H/2), the first element of
            each pair in the low nibble; e5m6: uint8 (T, 3H/2), each 8 codes as
            three little-endian uint32 words (docs/contract/README.md).  Contiguous.
@@ -87,7 +89,7 @@ from typing import Any
 
 import torch
 
-from ._checks import check_contiguous as _check_contiguous, check_tensor as _check_tensor
+from ._checks import check_contiguous as _check_contiguous, check_rows as _check_rows, check_tensor as _check_tensor
 
 FORMATS = ("e4m3", "e2m1", "e5m6")
 MAX_Q = {"e4m3": 448.0, "e2m1": 6.0, "e5m6": 65024.0}
@@ -134,8 +136,9 @@ def _check_fmt(fmt: object, allowed: tuple[str, ...] = FORMATS, why: str = "") -
 
 
 def _check_x(x: object, what: str = "(T, H)") -> torch.Tensor:
+    """x of an input dtype, 2-D, with contiguous rows at any row stride (`_check_rows`)."""
     _check_tensor("x", x, INPUT_DTYPES, 2, what)
-    _check_contiguous("x", x)
+    _check_rows("x", x)
     if x.shape[1] == 0:
         raise ValueError(f"x must have at least one column, got shape {tuple(x.shape)}")
     return x

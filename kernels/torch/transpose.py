@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ._checks import check_rows
+
 SUPPORTED_ELEMENT_SIZES = (1, 2, 4)
 
 
@@ -17,9 +19,8 @@ def _check_transpose_arg(x: object, ndim: int, layout: str) -> None:
         )
     if x.dim() != ndim:
         raise ValueError(f"x must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
-    # The TileLang kernel reads rows of a contiguous x; the same bad argument gets the same error here.
-    if not x.is_contiguous():
-        raise ValueError(f"x must be contiguous, got strides {x.stride()} for shape {tuple(x.shape)}")
+    # Rows at any row stride (and a batch at any batch stride), as tile-kernels' transpose takes them.
+    check_rows("x", x)
 
 
 def _contiguous_copy(x: torch.Tensor) -> torch.Tensor:
@@ -29,12 +30,14 @@ def _contiguous_copy(x: torch.Tensor) -> torch.Tensor:
 
 
 def transpose(x: torch.Tensor) -> torch.Tensor:
-    """out[j, i] = x[i, j] for a contiguous x of shape (M, N); out is contiguous, on x's device."""
+    """out[j, i] = x[i, j] for x of shape (M, N) with contiguous rows (any row stride); out is contiguous,
+    on x's device."""
     _check_transpose_arg(x, 2, "(M, N)")
     return _contiguous_copy(x.transpose(-1, -2))
 
 
 def batched_transpose(x: torch.Tensor) -> torch.Tensor:
-    """out[b, j, i] = x[b, i, j] for a contiguous x of shape (B, M, N); out is contiguous, on x's device."""
+    """out[b, j, i] = x[b, i, j] for x of shape (B, M, N) with contiguous rows (any row and batch
+    strides); out is contiguous, on x's device."""
     _check_transpose_arg(x, 3, "(B, M, N)")
     return _contiguous_copy(x.transpose(-1, -2))

@@ -646,8 +646,19 @@ def _known(case: Any, failure: registry.Failure) -> str | None:
     return tile_kernels_known.known(installed_version(), case, failure)
 
 
+# The inputs whose row stride the release takes, passed through unchanged (no copy): tile-kernels 1.0's
+# tests cast ``torch.randn((T, 2 * hidden))[:, :hidden]`` and transpose a twice-strided x (issue 27).
+ROW_STRIDED_INPUTS = {
+    "quant.per_token_cast": ("x",),
+    "transpose.transpose": ("x",),
+    "transpose.batched_transpose": ("x",),
+}
+
+
 def _impl(op: str, target: Callable[..., Any]) -> Impl:
-    return Impl(NAME, target, device="cuda", requires=(MODULE,), available=_availability(op), known=_known)
+    layouts = {name: ("contiguous", "row_strided") for name in ROW_STRIDED_INPUTS.get(op, ())}
+    return Impl(NAME, target, device="cuda", requires=(MODULE,), available=_availability(op), known=_known,
+                layouts=layouts)
 
 
 def register_all() -> list[str]:

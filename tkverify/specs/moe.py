@@ -22,6 +22,7 @@ import torch
 import references.moe
 import references.quant
 import strategies.moe
+from strategies.layouts import LAYOUTS
 from tkverify.policies import (
     FP32_UNDERFLOW,
     FP32_UNIT_ROUNDOFF,
@@ -120,7 +121,8 @@ register(OpSpec(
     strategy=strategies.moe.topk_gate_cases,
     outputs={"indices": bitwise(torch.int64)},
     impls={
-        "torch": torch_impl("kernels.torch.moe:topk_gate"),
+        # The eager topk_gate takes scores at any row stride; the TileLang kernel reads dense rows.
+        "torch": torch_impl("kernels.torch.moe:topk_gate", layouts={"scores": LAYOUTS}),
         "tilelang": tilelang_impl("kernels.moe:topk_gate"),
     },
     doc="Indices of the k largest scores per row: torch.sort(descending, stable) order, NaN first.",

@@ -19,6 +19,7 @@ import torch
 
 import references.quant as ref
 import strategies.quant
+from strategies.layouts import LAYOUTS
 from tkverify.registry import OpSpec, register, tilelang_impl, torch_impl
 from tkverify.specs.quant_bench import BENCH
 from tkverify.specs.quant_bounds import SF_PLAIN_ULP
@@ -75,9 +76,15 @@ _SF_POLICY = Decided(
 )
 
 
-def _impls(name: str, torch_target: Any = None, tilelang_target: Any = None) -> dict:
+# The casts' eager implementations take x at any row stride (and a slice of a batch of tokens); the
+# TileLang wrappers refuse a row stride (kernels.torch._checks.check_dense_rows) and are drawn contiguous.
+X_LAYOUTS = {"x": LAYOUTS}
+
+
+def _impls(name: str, torch_target: Any = None, tilelang_target: Any = None,
+           torch_layouts: dict | None = None) -> dict:
     return {
-        "torch": torch_impl(torch_target or f"kernels.torch.quant:{name}"),
+        "torch": torch_impl(torch_target or f"kernels.torch.quant:{name}", layouts=torch_layouts),
         "tilelang": tilelang_impl(tilelang_target or f"kernels.quant:{name}"),
     }
 
@@ -88,7 +95,7 @@ register(OpSpec(
     oracle=ref.per_token_cast,
     strategy=strategies.quant.per_token_cast_cases,
     outputs={"data": _DATA_POLICY, "sf": _SF_POLICY},
-    impls=_impls("per_token_cast"),
+    impls=_impls("per_token_cast", torch_layouts=X_LAYOUTS),
     given=given_cast(lambda p: (1, p.get("num_per_channels", 128))),
     doc="x (T, H) in 1 x num_per_channels blocks -> (data, sf).",
 ))
@@ -99,7 +106,7 @@ register(OpSpec(
     oracle=ref.per_token_cast_with_sf_only,
     strategy=strategies.quant.per_token_cast_cases,
     outputs={"sf": _SF_POLICY},
-    impls=_impls("per_token_cast_with_sf_only"),
+    impls=_impls("per_token_cast_with_sf_only", torch_layouts=X_LAYOUTS),
     given=given_sf_only,
     doc="The sf of per_token_cast alone.",
 ))
@@ -110,7 +117,7 @@ register(OpSpec(
     oracle=ref.per_token_cast_with_precomputed_sf,
     strategy=strategies.quant.precomputed_sf_cases,
     outputs={"data": _DATA_POLICY},
-    impls=_impls("per_token_cast_with_precomputed_sf"),
+    impls=_impls("per_token_cast_with_precomputed_sf", torch_layouts=X_LAYOUTS),
     given=given_precomputed,
     doc="The data of x quantised with a given sf (fp32, ue8m0 or packed ue8m0): q = RNE_sat(x / sf).",
 ))
@@ -121,7 +128,7 @@ register(OpSpec(
     oracle=ref.per_block_cast,
     strategy=strategies.quant.per_block_cast_cases,
     outputs={"data": _DATA_POLICY, "sf": _SF_POLICY},
-    impls=_impls("per_block_cast"),
+    impls=_impls("per_block_cast", torch_layouts=X_LAYOUTS),
     given=given_cast(lambda p: tuple(p.get("block", (128, 128)))),
     doc="x (T, H) in bm x bk blocks -> (data, sf (ceil(T/bm), H/bk)).",
 ))
@@ -132,7 +139,7 @@ register(OpSpec(
     oracle=ref.per_channel_cast,
     strategy=strategies.quant.per_channel_cast_cases,
     outputs={"data": _DATA_POLICY, "sf": _SF_POLICY},
-    impls=_impls("per_channel_cast"),
+    impls=_impls("per_channel_cast", torch_layouts=X_LAYOUTS),
     given=given_cast(lambda p: (p.get("num_per_tokens", 128), 1)),
     doc="x (T, H) in num_per_tokens x 1 blocks -> (data, sf (ceil(T/npt), H)).",
 ))
@@ -168,6 +175,7 @@ register(OpSpec(
         "swiglu_forward_and_per_token_cast",
         ReturningClampedCount("kernels.torch.quant:swiglu_forward_and_per_token_cast"),
         ReturningClampedCount("kernels.quant:swiglu_forward_and_per_token_cast"),
+        torch_layouts=X_LAYOUTS,
     ),
     given=given_swiglu,
     doc="y = l * sigmoid(l) * r * w (clamped), per-token cast of y; clamped_count accumulates.",

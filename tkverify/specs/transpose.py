@@ -5,6 +5,7 @@ import torch
 
 import references.transpose
 import strategies.transpose
+from strategies.layouts import LAYOUTS
 from tkverify import benchshapes
 from tkverify.registry import BenchShape, OpSpec, register, tilelang_impl, torch_impl
 from tkverify.policies import bitwise
@@ -30,7 +31,8 @@ for name, doc in (("transpose", "out[j, i] = x[i, j]"), ("batched_transpose", "o
         strategy=getattr(strategies.transpose, f"{name}_cases"),
         outputs={"out": bitwise()},
         impls={
-            "torch": torch_impl(f"kernels.torch.transpose:{name}"),
+            # The eager transposes take x at any row (and batch) stride; the TileLang kernel reads dense rows.
+            "torch": torch_impl(f"kernels.torch.transpose:{name}", layouts={"x": LAYOUTS}),
             "tilelang": tilelang_impl(f"kernels.transpose:{name}"),
         },
         doc=doc,
