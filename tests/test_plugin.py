@@ -138,3 +138,34 @@ def test_background_compiles_only_under_xdist_where_tilelang_runs():
     for bad in ("-1", "two"):
         with pytest.raises(pytest.UsageError):
             precompile_jobs(bad, workers=8, cpus=16, tilelang_runs=True)
+
+
+def test_the_ci_seed_comes_from_the_commit_only_when_asked(monkeypatch):
+    monkeypatch.setenv("TKVERIFY_COMMIT", "1d7e47c")
+    monkeypatch.delenv(profiles.CI_SEED_ENV, raising=False)
+    assert profiles.commit_seed("ci") is None  # the default: ci's fixed derandomised draws
+    monkeypatch.setenv(profiles.CI_SEED_ENV, "commit")
+    seed = profiles.commit_seed("ci")
+    assert seed == profiles.seed_of_commit("1d7e47c") == profiles.commit_seed("ci")  # reproducible
+    assert profiles.commit_seed("dev") is None  # only the ci profile
+    monkeypatch.setenv("TKVERIFY_COMMIT", "8590afa")
+    assert profiles.commit_seed("ci") != seed  # the next commit draws other examples
+    assert profiles.seed_of_commit(None) == 0
+    monkeypatch.setenv(profiles.CI_SEED_ENV, "sometimes")
+    with pytest.raises(ValueError):
+        profiles.commit_seed("ci")
+
+
+def test_the_report_names_the_commit_seed(tmp_path):
+    """A ci run under TKVERIFY_CI_SEED=commit draws from the commit's seed and its report's meta names it."""
+    import json
+    import subprocess
+
+    env = {**os.environ, "TKVERIFY_CI_SEED": "commit", "TKVERIFY_COMMIT": "abc123"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "tkverify.suite", "-p", "no:cacheprovider",
+                           "--tk-impl=torch", "--tk-profile=ci", f"--tk-report={tmp_path}", "-k",
+                           "transpose.transpose and differential", "-q"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    meta = json.loads((tmp_path / "report.json").read_text())["meta"]
+    assert meta["seed"] == profiles.seed_of_commit("abc123") and meta["profile"] == "ci-seeded"

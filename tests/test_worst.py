@@ -180,7 +180,7 @@ def _spec(name: str = "fam.op") -> SimpleNamespace:
 
 def test_a_collector_keeps_each_rows_largest_error_and_names_its_file(tmp_path):
     collector = Collector()
-    impl = SimpleNamespace(name="torch")
+    impl = SimpleNamespace(name="torch", layouts={})
     cases = [Case({"i": i}, {"x": torch.full((2,), float(i))}) for i in range(4)]
     for case, share in zip(cases, (0.25, 0.75, math.nan, 0.5)):
         collector.record(_spec(), impl, [comparison("out", bound_used=share, max_ulp=1.0)], case)
@@ -195,7 +195,7 @@ def test_a_collector_keeps_each_rows_largest_error_and_names_its_file(tmp_path):
 def test_a_worst_case_file_with_a_larger_error_from_another_process_stays(tmp_path):
     """Two processes that judged the same row leave the larger error's case at the row's one path, so that
     every shard names the worst of all and the merged row does too."""
-    impl = SimpleNamespace(name="torch")
+    impl = SimpleNamespace(name="torch", layouts={})
     small, large = Collector(), Collector()
     small.record(_spec(), impl, [comparison("out", bound_used=0.1)], Case({"who": "small"}, {}))
     large.record(_spec(), impl, [comparison("out", bound_used=0.9)], Case({"who": "large"}, {}))
@@ -216,7 +216,7 @@ def test_verification_errors_are_found_inside_hypothesis_exception_groups(tmp_pa
     path = save_case(tmp_path / "saved" / "fam.op-torch", Case({}, {"x": torch.ones(1)}), op="fam.op", impl="torch")
     collector = Collector()
     failed = comparison("out", bound_used=2.0, passed=False)
-    collector.record(_spec(), SimpleNamespace(name="torch"), [failed, comparison("ok")], Case({}, {}))
+    collector.record(_spec(), SimpleNamespace(name="torch", layouts={}), [failed, comparison("ok")], Case({}, {}))
     collector.add_failing_case("fam.op", "torch", VerificationError("fails", [failed], path))
     collector.save_cases(tmp_path / "report")
     assert collector.rows[("fam.op", "out", "fp32", "torch")].failing_case == "cases/fam.op-torch.json"

@@ -1,4 +1,4 @@
-"""The `tkverify` command: list, report, replay, shards, bench, diff, mutants."""
+"""The `tkverify` command: list, report, replay, shards, bench, diff, claims, mutants."""
 
 from __future__ import annotations
 
@@ -326,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
     # Exhaustive sweeps and production shapes (tkverify/sweep): the options live beside the runner.
     from tkverify import sweep
     sweep.add_parser(sub)
+
+    # Accuracy claims per implementation (tkverify/claims.py): the options live beside the claims.
+    from tkverify import claims
+    claims.configure_parser(sub.add_parser(
+        "claims", help="write (--update) or check (--check) each implementation's accuracy claims "
+        "(claims/<impl>.toml) against a report (exit 1 on a row beyond its claim, 2 on bad input)")) \
+        .set_defaults(func=claims.main)
 
     # Mutation testing (tkverify/mutants): the options live beside the runner.
     from tkverify import mutants

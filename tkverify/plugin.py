@@ -17,6 +17,7 @@ reported as a skip with its reason.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -26,8 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from tkverify import profiles, registry
-from tkverify.report import Collector, meta, report_from_shards
+from tkverify import claims, profiles, registry
+from tkverify.case import versions
+from tkverify.report import Collector, ResultRow, meta, report_from_shards
 from tkverify.report.shards import CASES_DIR, WORST_DIR
 
 IMPL_CHOICES = ("auto", "all", *registry.BUILTIN_IMPLS)
@@ -47,6 +49,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="import MODULE to register more ops or implementations (repeatable)")
     group.addoption("--tk-cases", default=None, metavar="DIR", help="where failing cases are saved "
                     "(default .tkverify/cases)")
+    group.addoption("--tk-claims", default=None, metavar="DIR",
+                    help="the accuracy claims each implementation is held to (claims/<impl>.toml; a row beyond "
+                         "its claim fails the run even inside the contract); none: no claims (default: "
+                         "TKVERIFY_CLAIMS, else the repository's claims/)")
     group.addoption("--tk-precompile", default="auto", metavar="JOBS",
                     help="compile every TileLang configuration in JOBS background processes while the tests "
                          "run (python -m kernels.precompile; a test that needs one waits for it, never "
@@ -104,17 +110,23 @@ def _pin_worker_to_gpu(config: pytest.Config) -> int | None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device")
     seed = config.getoption("hypothesis_seed", default=None)
+    if seed is None:  # TKVERIFY_CI_SEED=commit: the ci profile draws from a seed of the commit
+        seed = profiles.commit_seed(config.getoption("--tk-profile"))
+        if seed is not None:
+            profiles.force_seed(seed)
     profile = profiles.load(config.getoption("--tk-profile"), seeded=seed is not None)
     registry.load_plugins(config.getoption("--tk-load"))
     check_impl_choice(config.getoption("--tk-impl"))
     state = {
         "profile": profile,
+        "seed": seed,
         "target": profiles.targets(profile),
         "collector": Collector(),
         "gpu": _pin_worker_to_gpu(config),
         "threads": _share_cpu_threads(config),
         "report": Path(config.getoption("--tk-report")) if config.getoption("--tk-report") else None,
         "cases": Path(config.getoption("--tk-cases") or os.environ.get("TKVERIFY_CASE_DIR", ".tkverify/cases")),
+        "claims": claims.claims_dir_from(config.getoption("--tk-claims")),
     }
     config.stash[_STATE] = state
     if state["report"] is not None and worker_id(config) is None:
@@ -315,12 +327,42 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     state = config.stash.get(_STATE, None)
     if state is not None and worker_id(config) is None:
         state["precompiled"] = _stop_precompile(config)
-    if state is None or state["report"] is None:
+    if state is None:
+        return
+    if state["report"] is None:
+        # No report: one process judges the rows it collected (under xdist they stay in the workers), under
+        # the derandomised ci profile only, whose draws the claims were measured on (a dev run's random
+        # examples are judged by the contract alone).
+        if (worker_id(config) is None and state["claims"] is not None and state["profile"] == "ci"
+                and state["collector"].rows):
+            rows = list(state["collector"].rows.values())
+            claims.judge(rows, {"versions": versions()}, state["claims"])
+            _fail_on_claims(session, rows)
         return
     _write_shard(config, complete=True)
     if worker_id(config) is None:  # the controller, with or without xdist
-        config.stash[_STATE]["written"] = report_from_shards(
-            state["report"], meta(state["profile"], config.getoption("--tk-impl")))
+        # Claims hold on the fixed draws they were measured on (the plain ci profile); elsewhere a row beyond
+        # its claim is listed in the report's meta for review, not failed (tkverify.claims.judge).
+        written = report_from_shards(state["report"], meta(state["profile"], config.getoption("--tk-impl"),
+                                                           seed=state["seed"]), claims_dir=state["claims"],
+                                     enforce_claims=state["profile"] == "ci")
+        state["written"] = written
+        if state["claims"] is not None:
+            doc = json.loads(written["json"].read_text())
+            _fail_on_claims(session, [ResultRow.from_json(r) for r in doc["results"]])
+            state["claims_beyond"] = doc["meta"].get("claims_beyond", [])
+
+
+def _fail_on_claims(session: pytest.Session, rows: list[ResultRow]) -> None:
+    """A row beyond its implementation's accuracy claim (rows judged by tkverify.claims.judge) fails the
+    session even where every test passed (the contract held): its lines go to the summary and the exit
+    status becomes pytest's "tests failed"."""
+    state = session.config.stash[_STATE]
+    state["claims_exceeded"] = [f"{r.op}:{r.output} {r.format} [{r.impl}]: {claims.exceeded_text(r)}"
+                                for r in rows if r.claim_exceeded]
+    state["unclaimed"] = sum(r.claim is None for r in rows)
+    if state["claims_exceeded"] and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
@@ -329,3 +371,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(state["precompiled"])
     if state and state.get("written"):
         terminalreporter.write_line(f"tkverify report: {state['written']['md']} (and .json, .html)")
+    if state and state.get("claims_exceeded"):
+        terminalreporter.write_line(f"tkverify: {len(state['claims_exceeded'])} rows beyond their accuracy claims "
+                                    f"(the run fails; claims: {state['claims']}):", red=True)
+        for line in state["claims_exceeded"]:
+            terminalreporter.write_line(f"  {line}", red=True)
+    if state and state.get("claims_beyond"):
+        terminalreporter.write_line(f"tkverify: {len(state['claims_beyond'])} rows beyond their accuracy claims on "
+                                    f"draws the claims were not measured on (profile {state['profile']}: not "
+                                    "failed; review them, tkverify claims --update):", yellow=True)
+        for line in state["claims_beyond"]:
+            terminalreporter.write_line(f"  {line}", yellow=True)
+    if state and state.get("unclaimed"):
+        terminalreporter.write_line(f"tkverify: {state['unclaimed']} rows unclaimed (no accuracy claim: not failed; "
+                                    "tkverify claims --update adds them)")

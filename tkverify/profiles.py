@@ -3,11 +3,17 @@
 `fuzz` and `worst` search for the worst case: the differential suite reports each output's error to
 `hypothesis.target` there (`targets`), so that hypothesis steers towards larger errors; `ci` and `dev`
 report nothing and draw what they drew before targeting existed.
+
+Under `ci` with ``TKVERIFY_CI_SEED=commit`` the seed comes from the commit (`commit_seed`): successive
+commits draw different examples, and each commit's run is reproducible.  Without it (the default) ci
+draws the same derandomised examples at every commit.  ``--hypothesis-seed N`` overrides both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
 
 from hypothesis import HealthCheck, Phase, settings
 
@@ -74,6 +80,48 @@ def targets(profile: str) -> bool:
     """Whether the differential suite reports each output's error to `hypothesis.target` under `profile`
     (a name `load` returned: a seeded variant targets as its profile does)."""
     return profile.removesuffix("-seeded") in TARGETED
+
+
+# TKVERIFY_CI_SEED=commit: the ci profile's seed is derived from the commit (`commit_seed`).
+CI_SEED_ENV = "TKVERIFY_CI_SEED"
+
+
+def checkout_commit() -> str | None:
+    """The commit the examples are drawn for: TKVERIFY_COMMIT, else git's HEAD here, else None."""
+    named = os.environ.get("TKVERIFY_COMMIT")
+    if named:
+        return named
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def seed_of_commit(commit: str | None) -> int:
+    """A 32-bit seed of a commit's name (its SHA-256, so that neighbouring names give unrelated seeds); 0
+    where there is no commit."""
+    if not commit:
+        return 0
+    return int.from_bytes(hashlib.sha256(commit.encode()).digest()[:4], "big")
+
+
+def commit_seed(profile: str | None) -> int | None:
+    """The seed of `profile` (None: the default profile) derived from the commit, where TKVERIFY_CI_SEED=commit
+    asks for it and the profile is ci; None otherwise (the profile draws as it always does)."""
+    wanted = os.environ.get(CI_SEED_ENV, "").strip().lower()
+    if wanted not in ("", "commit", "fixed"):
+        raise ValueError(f"{CI_SEED_ENV}={wanted!r}: use commit (a seed from the commit) or fixed (the default)")
+    if wanted != "commit" or (profile or default_profile()) != "ci":
+        return None
+    return seed_of_commit(checkout_commit())
+
+
+def force_seed(seed: int) -> None:
+    """Make every hypothesis test of this process draw from `seed`, as pytest's --hypothesis-seed does."""
+    from hypothesis import core
+
+    core.global_force_seed = seed
 
 
 def default_profile() -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from tkverify import claims
 from tkverify.case import versions
 from tkverify.report.render import render_html, render_markdown
 from tkverify.report.rows import GradientRow, Report, ResultRow, SpeedRow, UnsupportedRow
@@ -45,12 +46,15 @@ def device_info() -> dict[str, Any]:
     return info
 
 
-def meta(profile: str, impl: str) -> dict[str, Any]:
+def meta(profile: str, impl: str, seed: int | None = None) -> dict[str, Any]:
+    """What a report ran on; `seed` is hypothesis' seed where one chose the examples (None: each test's
+    derandomised draw, or hypothesis' own random one)."""
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": os.environ.get("TKVERIFY_COMMIT") or git_commit(),
         "profile": profile,
         "impl": impl,
+        **({} if seed is None else {"seed": seed}),
         "versions": versions(),
         **device_info(),
     }
@@ -74,10 +78,16 @@ def write_report(out_dir: Path, rows: list[ResultRow], meta_: dict[str, Any],
     return paths
 
 
-def report_from_shards(report_dir: Path, meta_: dict[str, Any]) -> dict[str, Path]:
-    """Merge the shards under report_dir/shards into report.{json,md,html} there."""
+def report_from_shards(report_dir: Path, meta_: dict[str, Any], claims_dir: Path | None = None,
+                       enforce_claims: bool = True) -> dict[str, Path]:
+    """Merge the shards under report_dir/shards into report.{json,md,html} there; with `claims_dir`, each
+    result row judged against its implementation's accuracy claim there (tkverify.claims.judge, which
+    fails rows beyond their claim only with `enforce_claims`)."""
     shards = sorted((report_dir / "shards").glob("*.json"))
-    return write_report(report_dir, merge_shards(shards), meta_, gradients=merge_gradient_shards(shards),
+    rows = merge_shards(shards)
+    if claims_dir is not None:
+        claims.judge(rows, meta_, claims_dir, enforce=enforce_claims)
+    return write_report(report_dir, rows, meta_, gradients=merge_gradient_shards(shards),
                         speed=merge_speed_shards(shards), unsupported=merge_unsupported_shards(shards))
 
 

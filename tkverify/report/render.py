@@ -15,6 +15,7 @@ import html
 import math
 import re
 
+from tkverify import claims
 from tkverify.policies import ALLOWED_CODES, ALLOWED_RELATIVE, ALLOWED_ULP, HIST_LABELS
 from tkverify.registry import KnownDiscrepancy
 from tkverify.report.bounds import (
@@ -135,7 +136,49 @@ def verdict(report: Report) -> tuple[bool, str]:
     if known:
         text += (f"; {sum(r.cases for r in known)} cases of {len(known)} (op, implementation) pairs excused as "
                  "known discrepancies (listed below)")
-    return not (failed or grads_failed), text + _known_note(failed, report.unsupported)
+    text += claims_verdict_text(report)
+    return not (failed or grads_failed or beyond_claims(report)), text + _known_note(failed, report.unsupported)
+
+
+# ---------------------------------------------------------------- accuracy claims (tkverify.claims)
+
+
+def beyond_claims(report: Report) -> list[ResultRow]:
+    """The rows whose observed error exceeds their implementation's claim (failures even inside the contract)."""
+    return [r for r in report.results if r.claim_exceeded]
+
+
+def claims_verdict_text(report: Report) -> str:
+    """The verdict's words on the claims: rows beyond them and rows without one; nothing where the report was
+    not judged against claims (its meta names no claims files)."""
+    if "claims" not in report.meta:
+        return ""
+    unclaimed = sum(r.claim is None for r in report.results)
+    return f"; {len(beyond_claims(report))} rows beyond their accuracy claims, {unclaimed} unclaimed"
+
+
+def claim_cell(r: ResultRow) -> str:
+    """The claim a row is held to, in the table of every row: its figures, and EXCEEDED where the row goes
+    beyond them; "unclaimed" where its implementation claims nothing for it."""
+    if r.claim is None:
+        return "unclaimed"
+    bound = "" if r.claim.get("bound_used") is None else f", {fraction_text(r.claim['bound_used'])} of bound"
+    figures = f"max ULP {ulp_text(r.claim['max_ulp'])}{bound}{', bitwise' if r.claim['bitwise'] else ''}"
+    return ("EXCEEDED: " if r.claim_exceeded else "") + figures
+
+
+def claim_column(report: Report) -> tuple[list[str], dict[int, list[str]]]:
+    """The claim column of the table of every row (header, and per row's id its cell); none where the report
+    was not judged against claims."""
+    if "claims" not in report.meta:
+        return [], {id(r): [] for r in report.results}
+    return ["claim"], {id(r): [claim_cell(r)] for r in report.results}
+
+
+def claim_failure_lines(report: Report) -> list[str]:
+    """One line per row beyond its claim: claimed against observed."""
+    return [f"{r.op}:{r.output} {r.format} [{r.impl}] beyond its accuracy claim: {claims.exceeded_text(r)} "
+            f"(contract: {r.verdict})" for r in beyond_claims(report)]
 
 
 EXTRA_MEANINGS = {
@@ -278,6 +321,21 @@ def speed_markdown(speed: list[SpeedRow]) -> list[str]:
             _md_table([SPEED_HEADER, *[_speed_cells(r) for r in speed]])]
 
 
+def layouts_markdown(counts: dict[tuple[str, str], dict[str, int]]) -> list[str]:
+    """Examples per layout class, per (op, impl), of each input the implementation takes in more than one
+    layout: `counts` maps (op, impl) to ``{"<input>=<class>": examples}`` (`strategies.layouts.layout_labels`);
+    nothing where no implementation drew a layout."""
+    classes = ("contiguous", "row_strided", "batch_slice", "other")
+    lines = []
+    for (op, impl), labels in sorted(counts.items()):
+        inputs = sorted({label.partition("=")[0] for label in labels})
+        lines += [[op, impl, name, *(str(labels.get(f"{name}={c}", 0)) for c in classes)] for name in inputs]
+    if not lines:
+        return []
+    return ["", "## Layouts drawn", "", "Judged examples per memory layout of each input drawn in several "
+            "(strategies/layouts.py).", "", _md_table([["op", "impl", "input", *classes], *lines])]
+
+
 # ---------------------------------------------------------------- the documents
 
 
@@ -299,9 +357,10 @@ def failures_markdown(report: Report) -> list[str]:
     files) and the failing gradient checks."""
     failed = [r for r in report.results if r.verdict != "pass"]
     grads_failed = [r for r in report.gradients if r.verdict != "pass"]
-    if not failed and not grads_failed:
+    over_claims = claim_failure_lines(report)
+    if not failed and not grads_failed and not over_claims:
         return []
-    out = ["", "## Failures"]
+    out = ["", "## Failures", *(["", *(f"- {line}" for line in over_claims)] if over_claims else [])]
     if failed:
         out += ["", _md_table([[*FAILURES_HEADER, "case files"],
                                *[[*_failure_cells(r), " ".join(_md_link(*link) for link in case_links(r)) or "-"]
@@ -322,12 +381,15 @@ def render_markdown(report: Report) -> str:
         head, *body = table
         out += ["", f"### {fmt}", "",
                 _md_table([head, *[[label, *(error_cell(r) if r else "-" for r in cells)] for label, *cells in body]])]
-    out += ["", "## All rows", "", _md_table([[*ROWS_HEADER, "code distance histogram", "verdict"],
-                                              *[[*row_cells(r), _hist_text(r.hist), r.verdict] for r in rows]])]
+    claim_head, claim_cells = claim_column(report)
+    out += ["", "## All rows", "", _md_table([[*ROWS_HEADER, "code distance histogram", "verdict", *claim_head],
+                                              *[[*row_cells(r), _hist_text(r.hist), r.verdict, *claim_cells[id(r)]]
+                                                for r in rows]])]
     out += extras_markdown(rows)
     out += gradients_markdown(report.gradients)
     out += unsupported_markdown(report.unsupported)
     out += speed_markdown(report.speed)
+    out += layouts_markdown({(r.op, r.impl): r.layouts for r in report.speed if r.layouts})
     return "\n".join(out) + "\n"
 
 
@@ -392,9 +454,12 @@ def _links_html(r: ResultRow) -> str:
 def failures_html(report: Report) -> list[str]:
     failed = [r for r in report.results if r.verdict != "pass"]
     grads_failed = [r for r in report.gradients if r.verdict != "pass"]
-    if not failed and not grads_failed:
+    over_claims = claim_failure_lines(report)
+    if not failed and not grads_failed and not over_claims:
         return []
-    parts = ["<section id='failures'><h2>Failures</h2>"]
+    parts = ["<section id='failures'><h2>Failures</h2>",
+             *(["<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in over_claims) + "</ul>"]
+               if over_claims else [])]
     if failed:
         parts.append(_html_table([*FAILURES_HEADER, "case files"],
                                  [[*(_td(c, "over" if head == "bound used" else "")
@@ -419,16 +484,20 @@ def formats_html(rows: list[ResultRow]) -> list[str]:
     return [*parts, "</section>"]
 
 
-def rows_html(rows: list[ResultRow]) -> list[str]:
-    """Every row: its cells, the fraction of the bound coloured, its histogram, verdict and case files."""
+def rows_html(rows: list[ResultRow], claim_cells_of: tuple[list[str], dict[int, list[str]]] = ([], {})) -> list[str]:
+    """Every row: its cells, the fraction of the bound coloured, its histogram, verdict, case files and (where
+    the report was judged against claims) its claim."""
+    claim_head, claim_cells = claim_cells_of
     body = []
     classes = {"bound used": bound_class, "bound": lambda r: "bound"}
     for r in rows:
         cells = [_td(c, classes[head](r) if head in classes else "") for head, c in zip(ROWS_HEADER, row_cells(r))]
         cells[0] = "<td>" + re.sub(r"([._])", r"\1<wbr>", html.escape(r.op)) + "</td>"  # long names break at . and _
-        body.append([*cells, f"<td>{_svg_histogram(r)}</td>", _td(r.verdict, bound_class(r)), _links_html(r)])
+        body.append([*cells, f"<td>{_svg_histogram(r)}</td>", _td(r.verdict, bound_class(r)), _links_html(r),
+                     *(_td(c, "over" if r.claim_exceeded else "") for c in claim_cells.get(id(r), []))])
     return ["<section id='rows'><h2>All rows</h2>",
-            _html_table([*ROWS_HEADER, "code distances (log scale)", "verdict", "case files"], body, "rows"),
+            _html_table([*ROWS_HEADER, "code distances (log scale)", "verdict", "case files", *claim_head], body,
+                        "rows"),
             "</section>"]
 
 
@@ -445,7 +514,7 @@ def render_html(report: Report) -> str:
     ]
     parts += failures_html(report)
     parts += formats_html(report.results)
-    parts += rows_html(report.results)
+    parts += rows_html(report.results, claim_column(report))
     parts += gradients_html(report.gradients)
     parts += unsupported_html(report.unsupported)
     return "\n".join(parts) + "\n"

@@ -99,6 +99,11 @@ class ResultRow(Row):
     # "sampled" (examples drawn: the errors are lower bounds of the worst) or "exhaustive" (every input of
     # the stated domain was judged: the errors are the worst there is).
     coverage: str = "sampled"
+    # The implementation's accuracy claim for this (op, output, format) (tkverify.claims: max_ulp, bound_used,
+    # bitwise), set when the report is judged against the claims; None: no claim (or not judged).
+    claim: dict[str, Any] | None = None
+    # Whether the row's observed error goes beyond its claim (a failure even where the contract passes).
+    claim_exceeded: bool = False
 
     @classmethod
     def of(cls, op: str, impl: str, c: Comparison, case_desc: str = "") -> ResultRow:
@@ -131,6 +136,9 @@ class ResultRow(Row):
             self.worst_case = other.worst_case
         if self.failing_case is None:
             self.failing_case = other.failing_case
+        if self.claim is None:
+            self.claim = other.claim
+        self.claim_exceeded = self.claim_exceeded or other.claim_exceeded
         self.max_ulp = max(self.max_ulp, other.max_ulp)
         self.exact = self.exact_count / self.count if self.count else 1.0
         self.mean_ulp = self.sum_ulp / self.count if self.count else 0.0
@@ -216,6 +224,8 @@ class SpeedRow(Row):
     oracle_s: float = 0.0
     judge_s: float = 0.0
     refused_s: float = 0.0
+    # Judged examples per drawn layout of each input, "<input>=<class>" (strategies.layouts.layout_labels).
+    layouts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def phase_s(self, phase: str) -> float:
         return getattr(self, f"{phase}_s")
@@ -223,6 +233,8 @@ class SpeedRow(Row):
     def fold(self, other: SpeedRow) -> None:
         for name in ("examples", "wall_s", "first_impl_s", *(f"{p}_s" for p in SPEED_PHASES)):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        for label, n in other.layouts.items():
+            self.layouts[label] = self.layouts.get(label, 0) + n
 
 
 def fuzzed_rows(speed: list[SpeedRow]) -> list[SpeedRow]:

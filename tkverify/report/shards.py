@@ -22,6 +22,7 @@ from typing import Any, Iterable
 
 import torch
 
+from strategies.layouts import layout_labels
 from tkverify.case import Case, save_case
 from tkverify.check import output_error
 from tkverify.policies import Comparison
@@ -91,6 +92,10 @@ class Collector:
             self.add(spec.name, impl.name, c, case.describe() if case is not None else "")
             if case is not None:
                 self.keep_if_worst((spec.name, c.output, c.fmt, impl.name), c, case)
+        if case is not None:
+            counts = self._speed_row(spec.name, impl.name).layouts
+            for label in layout_labels(case, impl.layouts):
+                counts[label] = counts.get(label, 0) + 1
         if timings:
             self.add_timings(spec.name, impl.name, timings)
 
