@@ -68,7 +68,7 @@ class Claim:
         """What of `row` (a ResultRow) goes beyond this claim, in words; empty: within it."""
         over = []
         if row.max_ulp > self.max_ulp:
-            over.append(f"max ULP {row.max_ulp:.4g} > claimed {self.max_ulp:.4g}")
+            over.append(f"max ULP {row.max_ulp:.9g} > claimed {self.max_ulp:.9g}")
         if self.bound_used is not None and row.bound_used is not None and row.bound_used > self.bound_used:
             over.append(f"bound used {row.bound_used:.4g} > claimed {self.bound_used:.4g}")
         if self.bitwise and row.count and row.exact_count < row.count:
