@@ -88,7 +88,7 @@ def test_derive_bandwidth_target_and_ratio_to_tile_kernels():
 def test_a_graph_replay_slower_than_the_eager_call_is_not_the_rows_time():
     """Both times bound the device time from above; on the H200 the replays of some of our kernels take 5-11%
     longer than their eager calls while Nsight Compute's durations match the eager ones
-    (reports/evidence/framework.md#graph-replay-vs-eager): the smaller judges."""
+    (the evidence file framework.md#graph-replay-vs-eager of the committed reports): the smaller judges."""
     slow_replay = _row("mhc.post", "tilelang", 500.6, kernel_us=555.4, nbytes=2_100_000_000)
     host_bound = _row("moe.normalize_weight", "tilelang", 40.0, kernel_us=5.0, nbytes=1_000_000)
     doc = bench.derive(_doc([slow_replay, host_bound, _row("mhc.post", "tile_kernels", 510.4, kernel_us=510.4,
@@ -133,7 +133,7 @@ def test_markdown_shows_errors_misses_and_unavailable():
 
 def test_summary_marks_an_uncapturable_rows_eager_time():
     # swiglu with pos_to_token_topk syncs in its range check: its eager time (host-bound), unmarked, reads as
-    # a kernel five times slower than the plain call's (reports/evidence/framework.md#routed-swiglu-eager)
+    # a kernel five times slower than the plain call's (the committed reports' evidence framework.md#routed-swiglu-eager)
     doc = _doc([_row("op", "tilelang", 334.3, graph_error="AcceleratorError: capture invalidated"),
                 _row("op", "torch", 5.0, kernel_us=4.0), _row("op2", "tilelang", 2.0)])
     md = bench.render_markdown(bench.derive(doc))

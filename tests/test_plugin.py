@@ -112,7 +112,7 @@ def test_a_derandomised_draw_does_not_depend_on_what_the_process_imported(tmp_pa
     """Hypothesis draws some choices from literals in the local modules imported so far; the plugin
     pins that pool (profiles.pin_constant_pool), so a module imported between two draws of the same
     derandomised test changes nothing (on the H200 a strategy test failed in one xdist worker only:
-    reports/evidence/framework.md#constant-pool).
+    the committed reports' evidence framework.md#constant-pool).
     A hypothesis older than the pool (6.131) has nothing to pin and passes; one that moved the pool where
     pin_constant_pool cannot reach it fails here."""
     profiles.pin_constant_pool()

@@ -14,7 +14,7 @@ from tkverify.adapters import tile_kernels_known as known
 from tkverify.case import load_case
 from tkverify.registry import Failure
 
-# The committed cases these tests read: copies of reports/tile-kernels/<release>/cases/ (tests/data/README.md).
+# The committed cases these tests read: copies of the findings' cases of each release (tests/data/README.md).
 CASES = Path(__file__).resolve().parent / "data" / "tile_kernels"
 EMPTY_GRID = "InternalError: Check failed: ... CUDALaunch Error: grid dimension must be positive, but got grid=(0,1,1)"
 
