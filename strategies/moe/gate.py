@@ -241,6 +241,21 @@ def _chosen_rows(rng: np.random.Generator, num_tokens: int, spread: str) -> np.n
     return some if some.size else rng.integers(0, num_tokens, size=1)
 
 
+def plant_features(values: np.ndarray, seed: int, features: dict[str, str], table: dict[str, Callable[..., None]],
+                   first_stream: int, *args: object) -> None:
+    """Plant each drawn feature of `table` into `values` (rows first) in place: ``features`` maps a feature's
+    name to its row spread (`ROW_SPREADS`), and ``table[name](rng, rows, *args)`` changes the chosen rows.
+    Each feature draws from a stream of its own, ``[seed, first_stream + its place in table]``, so that
+    dropping another feature or shrinking T while shrinking leaves its draws alone."""
+    for stream, (name, plant) in enumerate(table.items(), start=first_stream):
+        if name in features:
+            rng = np.random.default_rng([seed, stream])
+            rows = _chosen_rows(rng, values.shape[0], features[name])
+            block = values[rows]
+            plant(rng, block, *args)
+            values[rows] = block
+
+
 def build_scores(
     seed: int,
     num_tokens: int,
@@ -252,15 +267,7 @@ def build_scores(
 ) -> np.ndarray:
     """The (T, E) float32 scores that a drawn recipe describes (deterministic in its arguments)."""
     scores = BASES[base](np.random.default_rng([seed]), (num_tokens, num_experts))
-    for stream, (name, plant) in enumerate(FEATURES.items(), start=1):
-        if name in features:
-            # A stream of its own for each feature, so that dropping another
-            # feature or shrinking T while shrinking leaves its draws alone.
-            rng = np.random.default_rng([seed, stream])
-            rows = _chosen_rows(rng, num_tokens, features[name])
-            block = scores[rows]
-            plant(rng, block, k)
-            scores[rows] = block
+    plant_features(scores, seed, features, FEATURES, 1, k)
     for row, column, value in pinned:
         scores[row, column] = value
     return scores

@@ -14,7 +14,7 @@ from hypothesis.strategies import SearchStrategy
 
 import references.moe
 from strategies import keyed_bits, seeds, tensor_from_bits, torch_copy
-from strategies.moe.gate import ROW_SPREADS, _chosen_rows, token_counts
+from strategies.moe.gate import ROW_SPREADS, _chosen_rows, plant_features, token_counts
 from tkverify.case import Case
 
 # Every case starts from a routing: topk_idx (T, K) built like the gate's
@@ -169,13 +169,7 @@ def build_topk_idx(seed: int, num_tokens: int, num_experts: int, k: int, routing
     are distinct experts in [0, E), as top-k gives them.
     """
     idx = ROUTINGS[routing](np.random.default_rng([seed]), num_tokens, num_experts, k).astype(np.int64)
-    for stream, (name, plant) in enumerate(ROUTING_FEATURES.items(), start=1):
-        if name in features:
-            rng = np.random.default_rng([seed, stream])
-            rows = _chosen_rows(rng, num_tokens, features[name])
-            block = idx[rows]
-            plant(rng, block, num_experts)
-            idx[rows] = block
+    plant_features(idx, seed, features, ROUTING_FEATURES, 1, num_experts)
     return idx
 
 
@@ -410,13 +404,8 @@ WEIGHT_FEATURES: dict[str, Callable[[np.random.Generator, np.ndarray], None]] = 
 def build_weights(seed: int, shape: tuple[int, int], base: str, features: dict[str, str]) -> np.ndarray:
     """The float32 (T, K) weights that a drawn recipe describes."""
     w = W_BASES[base](np.random.default_rng([seed, 200]), shape)
-    for stream, (name, plant) in enumerate(WEIGHT_FEATURES.items(), start=201):
-        if name in features and shape[1] > 0:
-            rng = np.random.default_rng([seed, stream])
-            rows = _chosen_rows(rng, shape[0], features[name])
-            block = w[rows]
-            plant(rng, block)
-            w[rows] = block
+    if shape[1] > 0:
+        plant_features(w, seed, features, WEIGHT_FEATURES, 201)
     return w.astype(np.float32)
 
 
