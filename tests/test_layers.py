@@ -28,7 +28,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("specs", ("tkverify.specs.*", "tkverify.benchshapes")),
     ("tools", ("tkverify.check", "tkverify.gradients", "tkverify.report.*", "tkverify.bench", "tkverify.ncu",
                "tkverify.profiles", "tkverify.plugin", "tkverify.cli", "tkverify.suite", "tkverify.mutants.*",
-               "tkverify.adapters.*", "tkverify.diff", "tkverify.sweep.*", "tkverify.claims", "tkverify.poison")),
+               "tkverify.adapters.*", "tkverify.diff", "tkverify.sweep.*", "tkverify.claims", "tkverify.poison",
+               "tkverify.coverage")),
 )
 
 # Packages that share a layer but never import each other: an oracle is written from the maths and
