@@ -34,6 +34,12 @@ DEFAULT_DIR = Path(__file__).resolve().parent.parent / "claims"
 # Implementations from a released library: their claims are per release (the report meta's versions key).
 VERSIONED = {"tile_kernels": "tile-kernels"}
 
+# Implementations whose arithmetic depends on the device they run on: eager PyTorch rounds through the
+# CPU's libm on the CPU and through CUDA's libdevice and fused kernels on a GPU, so a claim measured on one
+# would hide a regression on the other.  Their claims on a GPU (a report whose meta names a compute
+# capability) are <impl>-cuda.toml, beside <impl>.toml for the CPU.
+PER_DEVICE = ("torch",)
+
 SIGNIFICANT_DIGITS = 3
 
 FILE_HEADER = (
@@ -126,12 +132,15 @@ def observed_claims(rows: Iterable[Any], impl: str) -> Claims:
     return out
 
 
-def file_name(impl: str, versions: dict[str, str]) -> str:
-    """The claims file of `impl` under the report's versions: <impl>.toml, or <impl>-<release>.toml for a
-    released library."""
+def file_name(impl: str, meta: dict[str, Any]) -> str:
+    """The claims file of `impl` under a report's meta: <impl>.toml, <impl>-<release>.toml for a released
+    library (its version in ``meta["versions"]``), <impl>-cuda.toml for a device-dependent one on a GPU."""
     package = VERSIONED.get(impl)
+    versions = meta.get("versions", {})
     if package is not None and versions.get(package):
         return f"{impl}-{versions[package]}.toml"
+    if impl in PER_DEVICE and meta.get("capability"):
+        return f"{impl}-cuda.toml"
     return f"{impl}.toml"
 
 
@@ -221,11 +230,10 @@ def judge(rows: list[Any], meta: dict[str, Any], claims_dir: Path, enforce: bool
     implementation changed.  Other draws (a seed, dev, fuzz, worst) reach inputs the claim never saw, and
     beyond a claim there is news about the claim, not a regression: with `enforce` False the rows keep
     `claim_exceeded` False and ``meta["claims_beyond"]`` lists them for review (`tkverify claims --update`)."""
-    versions = meta.get("versions", {})
     files: dict[str, str | None] = {}
     loaded: dict[str, Claims] = {}
     for impl in sorted({r.impl for r in rows}):
-        path = claims_dir / file_name(impl, versions)
+        path = claims_dir / file_name(impl, meta)
         claims = read(path)
         files[impl] = str(path) if claims is not None else None
         loaded[impl] = claims or {}
@@ -233,7 +241,9 @@ def judge(rows: list[Any], meta: dict[str, Any], claims_dir: Path, enforce: bool
     for row in rows:
         claim = loaded[row.impl].get((row.op, row.output, row.format))
         row.claim = None if claim is None else claim.to_json()
-        beyond = bool(claim is not None and claim.exceeded_by(row))
+        # A row that fails its contract is already reported (or excused as a known discrepancy); a claim,
+        # measured on passing rows, holds the passing ones to what they showed.
+        beyond = bool(claim is not None and row.verdict == "pass" and claim.exceeded_by(row))
         row.claim_exceeded = beyond and enforce
         if beyond:
             exceeded.append(row)
@@ -277,10 +287,9 @@ def _load_report(report_dir: Path) -> tuple[dict[str, Any], list[Any]]:
 def cmd_update(report_dir: Path, claims_dir: Path, impls: list[str] | None, tighten: bool) -> int:
     """Write or refresh the claims of each implementation of the report (or of `impls`); print what changed."""
     meta, rows = _load_report(report_dir)
-    versions = meta.get("versions", {})
     claims_dir.mkdir(parents=True, exist_ok=True)
     for impl in impls or sorted({r.impl for r in rows}):
-        path = claims_dir / file_name(impl, versions)
+        path = claims_dir / file_name(impl, meta)
         old = read(path) or {}
         new = update(old, observed_claims(rows, impl), tighten=tighten)
         lines = changes(old, new)
