@@ -11,6 +11,8 @@
   (kernel, static config, arch); across processes (xdist workers) a lock file
   per configuration lets one of them compile it and the others load it.
 - `lower_to_cuda`: CUDA source for one configuration, without a GPU.
+- `launches`: a process-local recorder of the (kernel, static config) each wrapper asks
+  `compiled_kernel` for, read around one implementation call (kernel-path coverage).
 - Argument checks that raise TypeError / ValueError naming the argument.
 """
 
@@ -24,6 +26,7 @@ import hashlib
 import importlib
 import operator
 import os
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -243,6 +246,8 @@ def compiled_kernel(kernel: KernelDef, config: Hashable, target: dict[str, str])
     the configuration was precompiled (``python -m kernels.precompile``).
     """
     key = (kernel.name, config, target.get("arch"))
+    if _LISTENERS:
+        _note_launch(kernel.name, config)
     compiled = _COMPILED.get(key)
     if compiled is not None and target.get("kind") == "cuda":
         return compiled
@@ -257,6 +262,36 @@ def compiled_kernel(kernel: KernelDef, config: Hashable, target: dict[str, str])
 # (kernel name, config, arch) -> compiled kernel: compiled once per process, and looked up on
 # the launch path without hashing the KernelDef (all its configurations) on every call.
 _COMPILED: dict[tuple[str, Hashable, str | None], Any] = {}
+
+
+# ------------------------------------------------------- launch recorder
+
+# The lists of the `launches()` blocks now open, each getting every (kernel name, config) that
+# `compiled_kernel` is asked for.  Empty when nobody listens: the launch path then costs one test.
+_LISTENERS: list[list[tuple[str, Hashable]]] = []
+_LISTENERS_LOCK = threading.Lock()
+
+
+def _note_launch(name: str, config: Hashable) -> None:
+    with _LISTENERS_LOCK:
+        for heard in _LISTENERS:
+            heard.append((name, config))
+
+
+@contextlib.contextmanager
+def launches():
+    """Record, inside the block, the (kernel name, static config) of every compiled kernel a wrapper asks
+    for (what it launches: the wrappers ask right before each launch); yields the list, which fills as
+    the block runs.  Blocks may nest or run in several threads at once: each hears every launch of the
+    process while it is open."""
+    heard: list[tuple[str, Hashable]] = []
+    with _LISTENERS_LOCK:
+        _LISTENERS.append(heard)
+    try:
+        yield heard
+    finally:
+        with _LISTENERS_LOCK:  # by identity: two listeners may hold equal lists
+            del _LISTENERS[next(i for i, other in enumerate(_LISTENERS) if other is heard)]
 
 
 def kernel_for(kernel: KernelDef, config: Hashable, device: torch.device):

@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from strategies import rarely, seeds, torch_copy
+from strategies.quant import tagging
 from tkverify.case import Case
 
 M_VALUES = tuple(range(2, 9))
@@ -410,3 +411,21 @@ def post_cases(draw) -> Case:
             _plant_rows(frng, rows, rows_x, [post, comb], name)
     inputs = {"x": _bf16(rows_x[:, :, m]), "residual": _bf16(rows_x[:, :, :m]), "post": _f32(post), "comb": _f32(comb)}
     return Case(params={}, inputs=inputs)
+
+
+# The classes each strategy reaches under the ci profile (tests/test_classes.py), as tkverify/specs/mhc.py lists.
+sinkhorn_cases = tagging("x", (
+    'empty', 'non_pow2',
+))(sinkhorn_cases)
+pre_split_mixes_cases = tagging("mixes", (
+    'empty', 'nan:mixes', 'neg_inf:mixes', 'neg_zero:base', 'non_pow2',
+    'pos_inf:mixes', 'signed_zero_tie:base', 'subnormal:base', 'subnormal:mixes',
+))(pre_split_mixes_cases)
+pre_apply_mix_cases = tagging("x", (
+    'empty', 'neg_zero:mix', 'non_pow2', 'subnormal:x', 'zero_row:mix',
+))(pre_apply_mix_cases)
+post_cases = tagging("x", (
+    'dtype_max:residual', 'dtype_max:x', 'empty', 'neg_zero:comb', 'neg_zero:residual',
+    'neg_zero:x', 'non_pow2', 'signed_zero_tie:comb', 'signed_zero_tie:residual', 'signed_zero_tie:x',
+    'single_row', 'subnormal:residual', 'subnormal:x', 'zero_row:comb',
+))(post_cases)

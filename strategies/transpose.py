@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from strategies import element_bits, keyed_bits, rarely, seeds, tensor_from_bits, unsigned_view
+from strategies.quant import tagging
 from tkverify.case import Case
 
 # The dtypes of the three element widths the kernels support.
@@ -118,3 +119,15 @@ def transpose_cases() -> SearchStrategy[Case]:
 def batched_transpose_cases() -> SearchStrategy[Case]:
     """Cases of ``batched_transpose(x (B, M, N))``."""
     return _transposable_x(batched=True).map(lambda x: Case(params={}, inputs={"x": x}))
+
+
+# The classes each strategy reaches under the ci profile (tests/test_classes.py), as tkverify/specs/transpose.py lists.
+transpose_cases = tagging("x", (
+    'dtype_max:x', 'empty', 'nan:x', 'nan_payload:x', 'neg_inf:x',
+    'neg_zero:x', 'non_pow2', 'pos_inf:x', 'signed_zero_tie:x', 'subnormal:x',
+))(transpose_cases)
+batched_transpose_cases = tagging("x", (
+    'dtype_max:x', 'empty', 'nan:x', 'nan_payload:x', 'neg_inf:x',
+    'neg_zero:x', 'non_pow2', 'pos_inf:x', 'signed_zero_tie:x', 'single_row',
+    'subnormal:x',
+))(batched_transpose_cases)

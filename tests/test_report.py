@@ -183,6 +183,9 @@ def test_shard_summary_checks_that_the_merge_is_the_union(tmp_path):
     assert union_equal and [w["worker"] for w in workers] == ["gw0", "gw1", "gw2"]
     assert [w["examples"] for w in workers] == [1, 1, 1]
     doc = json.loads((tmp_path / "report.json").read_text())
+    doc["results"][0].update(claim={"max_ulp": 0.5, "bitwise": False}, claim_exceeded=True)  # set after the merge
+    (tmp_path / "report.json").write_text(json.dumps(doc))
+    assert shard_summary(tmp_path)[1]
     doc["results"][0]["count"] -= 1  # a merge that lost an element
     (tmp_path / "report.json").write_text(json.dumps(doc))
     assert not shard_summary(tmp_path)[1]

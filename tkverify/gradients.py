@@ -605,7 +605,9 @@ def _consistency_working(spec, impl, case, seed, name, direction, device) -> Gra
     lm, sm = _loss(cots, values_m)
     num = (lp - lm) / 2.0
     ana, scale = _inner(grad, delta)
-    noise = sum(float((_f64(cots[o]).abs() * (noise_p[o] + noise_m[o])).sum()) for o in bw.outputs) / 2.0
+    # An element with a zero step or a zero cotangent adds nothing, also where its allowance or noise is
+    # infinite (a token outside the gradient's domain): 0 * inf would make the bound NaN.
+    noise = sum(float(_zero_where_unused(_f64(cots[o]), noise_p[o] + noise_m[o]).sum()) for o in bw.outputs) / 2.0
 
     # The truncation error of this very step, measured on the float64 oracle.
     forward64 = _forward64(spec)
@@ -618,7 +620,7 @@ def _consistency_working(spec, impl, case, seed, name, direction, device) -> Gra
     truncation = abs((olp - olm) / 2.0 - oracle_ana)
 
     expected = bw.given(case, cots, exact) if bw.given is not None else exact
-    allowed = float((_halfwidth(expected[bw.grad_of(name)], grad) * delta.abs()).sum())
+    allowed = float(_zero_where_unused(delta, _halfwidth(expected[bw.grad_of(name)], grad)).sum())
     bound = 2.0 * truncation + allowed + noise + FLOAT64_EVAL * (sp + sm) / 2.0
     err = abs(ana - num)
     rel, rel_bound, count = _figure(err, bound, scale)
@@ -631,6 +633,12 @@ def _consistency_working(spec, impl, case, seed, name, direction, device) -> Gra
         f"the backward of {impl.name!r} w.r.t. {name!r} is not the derivative of its forward (working precision): "
         f"directional derivative off by {err:.6g} (sum |grad Δ| = {scale:.6g}), bound {bound:.6g}",
     )
+
+
+def _zero_where_unused(weight: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+    """|weight| * width, 0 where weight is 0 (whatever width is there)."""
+    weight = _f64(weight)
+    return torch.where(weight == 0, torch.zeros((), dtype=torch.float64), weight.abs() * _f64(width))
 
 
 # -- running, recording, replaying -----------------------------------------------------

@@ -16,7 +16,7 @@ import hypothesis
 from hypothesis import given
 
 from strategies.layouts import with_layouts
-from tkverify import gradients, registry
+from tkverify import coverage, gradients, registry
 from tkverify.check import UnsupportedTally, check_case, output_error, target_score, verification_errors
 from tkverify.policies import Comparison
 
@@ -48,19 +48,37 @@ def drawing_layouts(spec: registry.OpSpec, impl: registry.Impl) -> registry.OpSp
     return dataclasses.replace(spec, strategy=lambda: with_layouts(spec.strategy(), impl.layouts))
 
 
+def covering(record, listener: coverage.Listener, record_coverage, classify=None):
+    """`record` (if any), followed by ``record_coverage(op, impl, classes, paths)`` with the example's input
+    classes and the kernel paths its implementation call launched (`tkverify.coverage.example_labels`)."""
+    def record_and_cover(spec, impl, comparisons, case, timings):
+        if record is not None:
+            record(spec, impl, comparisons, case, timings)
+        classes, paths = coverage.example_labels(case, listener, classify)
+        record_coverage(spec.name, impl.name, classes, paths)
+    return record_and_cover
+
+
 def verify(spec: registry.OpSpec, impl: registry.Impl, *, case_dir=None, record=None,
-           record_unsupported=None, target: bool = False) -> None:
+           record_unsupported=None, target: bool = False, record_coverage=None) -> None:
     """Let hypothesis hunt for a case where `impl` and the oracle disagree; raise on the shrunk one.
 
     Each input is drawn in the layouts `impl` declares for it (`registry.Impl.layouts`).
     Cases `impl` refuses with `registry.Unsupported` are counted (and passed to
     ``record_unsupported(op, impl, reason, seconds)``), never judged; if it refuses all, the test is skipped.
     With `target`, every judged example's output errors are targets of the search (`target_errors`).
+    With `record_coverage`, each judged example's input classes and launched kernel paths go to it
+    (`covering`).
     """
     tally = UnsupportedTally(spec.name, impl.name, record_unsupported)
     if target:
         record = targeting(record)
+    classify = getattr(spec.strategy, "classify", None)  # the input classes of the op's own strategy
     spec = drawing_layouts(spec, impl)
+    if record_coverage is not None:
+        listener = coverage.Listener()
+        impl = coverage.listening(impl, listener)
+        record = covering(record, listener, record_coverage, classify)
 
     # Under a derandomised profile (ci) hypothesis seeds the search from this function's source (its
     # decorator included): any edit to `run` changes every example ci draws, so what varies (recording,
@@ -80,7 +98,8 @@ def test_differential(tk_op_impl, tk_state):
     start = time.perf_counter()
     try:
         verify(spec, spec.impls[impl_name], case_dir=tk_state["cases"], record=collector.record,
-               record_unsupported=collector.add_unsupported, target=tk_state["target"])
+               record_unsupported=collector.add_unsupported, target=tk_state["target"],
+               record_coverage=collector.add_coverage)
     except BaseException as e:  # the shrunk failing case, which the report's row links to
         for error in verification_errors(e):
             collector.add_failing_case(op, impl_name, error)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from strategies import rarely, seeds, torch_copy
+from strategies.quant import tagging
 from tkverify.case import Case
 
 # Static parameters: E and k select a compiled kernel.  E covers 1..1024 with
@@ -295,3 +296,11 @@ def topk_gate_cases(draw) -> Case:
     seed = draw(seeds())
     scores = build_scores(seed, num_tokens, num_experts, k, base, features, pinned)
     return Case(params={"k": k}, inputs={"scores": torch_copy(scores)})
+
+
+# The classes the strategy reaches under the ci profile (tests/test_classes.py), as tkverify/specs/moe.py lists.
+topk_gate_cases = tagging("scores", (
+    'dtype_max:scores', 'empty', 'nan:scores', 'nan_payload:scores', 'neg_inf:scores',
+    'neg_zero:scores', 'non_pow2', 'pos_inf:scores', 'signed_zero_tie:scores', 'subnormal:scores',
+    'zero_row:scores',
+))(topk_gate_cases)

@@ -15,6 +15,7 @@ from hypothesis.strategies import SearchStrategy
 import references.moe
 from strategies import keyed_bits, seeds, tensor_from_bits, torch_copy
 from strategies.moe.gate import ROW_SPREADS, _chosen_rows, plant_features, token_counts
+from strategies.quant import tagging
 from tkverify.case import Case
 
 # Every case starts from a routing: topk_idx (T, K) built like the gate's
@@ -545,3 +546,29 @@ def reduce_fused_cases(draw) -> Case:
     features = draw(_feature_sets(tuple(REDUCE_FEATURES), 2))
     inputs = build_reduce_inputs(seed, positions, num_rows, hidden, dtype, x_base, w_base, w_features, features)
     return Case(params={}, inputs=inputs)
+
+
+# The classes each strategy reaches under the ci profile (tests/test_classes.py), as tkverify/specs/moe.py lists.
+group_count_cases = tagging("idx", (
+    'empty', 'non_pow2',
+))(group_count_cases)
+fused_mapping_cases = tagging("topk_idx", (
+    'empty', 'non_pow2', 'single_row',
+))(fused_mapping_cases)
+expand_to_fused_cases = tagging("x", (
+    'dtype_max:x', 'empty', 'nan:x', 'nan_payload:x', 'neg_inf:x',
+    'neg_zero:x', 'non_pow2', 'signed_zero_tie:x', 'subnormal:x',
+))(expand_to_fused_cases)
+expand_to_fused_with_sf_cases = tagging("x", (
+    'dtype_max:x', 'empty', 'nan:x', 'nan:x_sf', 'nan_payload:x_sf',
+    'non_pow2', 'single_row', 'subnormal:x', 'subnormal:x_sf',
+))(expand_to_fused_with_sf_cases)
+reduce_fused_cases = tagging("x", (
+    'dtype_max:x', 'empty', 'nan:topk_weights', 'nan:x', 'nan:x_sf',
+    'nan_payload:x', 'neg_inf:x', 'neg_zero:topk_weights', 'neg_zero:x', 'non_pow2',
+    'pos_inf:x', 'signed_zero_tie:x', 'subnormal:topk_weights', 'subnormal:x', 'zero_row:topk_weights',
+    'zero_row:x',
+))(reduce_fused_cases)
+normalize_weight_cases = tagging("topk_weights", (
+    'empty', 'non_pow2', 'single_row', 'subnormal:topk_weights', 'zero_row:topk_weights',
+))(normalize_weight_cases)

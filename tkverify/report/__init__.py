@@ -6,6 +6,8 @@
 * `tkverify.report.render`  a report as markdown and HTML.
 * `tkverify.report.bounds`  how a row stands against its policy's bound: the bound in words, the fraction
                             used, the colour classes.
+* `tkverify.report.reach`   what a run reached: examples per input class, the kernel-path coverage table
+                            and coverage.json.
 * `tkverify.report.files`   the files of a report and its meta (date, commit, versions, device).
 
 The names below are what the plugin, the CLI, the bench and the tests use.

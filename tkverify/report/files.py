@@ -13,6 +13,7 @@ import torch
 
 from tkverify import claims
 from tkverify.case import versions
+from tkverify.report.reach import write_coverage
 from tkverify.report.render import render_html, render_markdown
 from tkverify.report.rows import GradientRow, Report, ResultRow, SpeedRow, UnsupportedRow
 from tkverify.report.shards import merge_gradient_shards, merge_shards, merge_speed_shards, merge_unsupported_shards
@@ -64,7 +65,8 @@ def write_report(out_dir: Path, rows: list[ResultRow], meta_: dict[str, Any],
                  gradients: list[GradientRow] | None = None,
                  speed: list[SpeedRow] | None = None,
                  unsupported: list[UnsupportedRow] | None = None) -> dict[str, Path]:
-    """report.json, report.md and report.html of these rows in out_dir."""
+    """report.json, report.md and report.html of these rows in out_dir, and coverage.json where an example
+    launched one of our kernels (`tkverify.report.reach.write_coverage`)."""
     report = Report(meta_, rows, gradients or [], speed or [], unsupported or [])
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -75,6 +77,9 @@ def write_report(out_dir: Path, rows: list[ResultRow], meta_: dict[str, Any],
     paths["json"].write_text(json.dumps(report.to_json(), indent=1, default=str))
     paths["md"].write_text(render_markdown(report))
     paths["html"].write_text(render_html(report))
+    covered = write_coverage(out_dir, report.speed)
+    if covered is not None:
+        paths["coverage"] = covered
     return paths
 
 

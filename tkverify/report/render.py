@@ -390,6 +390,10 @@ def render_markdown(report: Report) -> str:
     out += unsupported_markdown(report.unsupported)
     out += speed_markdown(report.speed)
     out += layouts_markdown({(r.op, r.impl): r.layouts for r in report.speed if r.layouts})
+    from tkverify.report.reach import classes_markdown, coverage_markdown  # reach renders with this module's tables
+
+    out += classes_markdown(report.speed)
+    out += coverage_markdown(report.speed)
     return "\n".join(out) + "\n"
 
 

@@ -226,6 +226,10 @@ class SpeedRow(Row):
     refused_s: float = 0.0
     # Judged examples per drawn layout of each input, "<input>=<class>" (strategies.layouts.layout_labels).
     layouts: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Judged examples per input class the strategy tagged ("class: <name>" events, tkverify.coverage).
+    classes: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Judged examples per kernel path launched, and per path and boundary class (tkverify.coverage labels).
+    coverage: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def phase_s(self, phase: str) -> float:
         return getattr(self, f"{phase}_s")
@@ -233,8 +237,10 @@ class SpeedRow(Row):
     def fold(self, other: SpeedRow) -> None:
         for name in ("examples", "wall_s", "first_impl_s", *(f"{p}_s" for p in SPEED_PHASES)):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for label, n in other.layouts.items():
-            self.layouts[label] = self.layouts.get(label, 0) + n
+        for mine, theirs in ((self.layouts, other.layouts), (self.classes, other.classes),
+                             (self.coverage, other.coverage)):
+            for label, n in theirs.items():
+                mine[label] = mine.get(label, 0) + n
 
 
 def fuzzed_rows(speed: list[SpeedRow]) -> list[SpeedRow]:

@@ -9,7 +9,21 @@ against a per-element bound from the exact intermediates (`gradient_bound`), wit
 finite-difference steps scaled by `fd_scale`.  pre_split_mixes is judged by `within`
 against brackets of u (an fma or a product then a sum, `logit_bracket`) carried through
 the sigmoid model (`given_split`); pre_apply_mix and post by `summation`, as reduce_fused
-is (`_sum_bound`).  The benchmark shapes are at the end.
+is (`_sum_bound`).  Their backward passes are sums of exact products too: each gradient is judged by
+`within` a bracket of the same summation bound over the gradient's own terms (`_product_sum_bracket`),
+unconstrained on tokens with a non-finite input.  The benchmark shapes are at the end.
+
+Input classes (the differential suite tags each judged case ``class: <name>`` per class it is in,
+computed from its tensors by `strategies.quant.case_classes`; ``<class>:<input>`` names the input; the
+report counts them and tests/test_classes.py fails where one has no example under the ci profile):
+
+* mhc.post: ``dtype_max:residual``, ``dtype_max:x``, ``empty``, ``neg_zero:comb``, ``neg_zero:residual``,
+  ``neg_zero:x``, ``non_pow2``, ``signed_zero_tie:comb``, ``signed_zero_tie:residual``, ``signed_zero_tie:x``,
+  ``single_row``, ``subnormal:residual``, ``subnormal:x``, ``zero_row:comb``.
+* mhc.pre_apply_mix: ``empty``, ``neg_zero:mix``, ``non_pow2``, ``subnormal:x``, ``zero_row:mix``.
+* mhc.pre_split_mixes: ``empty``, ``nan:mixes``, ``neg_inf:mixes``, ``neg_zero:base``, ``non_pow2``,
+  ``pos_inf:mixes``, ``signed_zero_tie:base``, ``subnormal:base``, ``subnormal:mixes``.
+* mhc.sinkhorn: ``empty``, ``non_pow2``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,26 @@ counts and moved bits are judged bitwise: `HostInt` for fused_mapping's N (a pyt
 (`WithSfLayout` lays a case's x_sf out before the call).  reduce_fused and normalize_weight
 are judged by `summation`, from the exact terms (`reduce_fused_bound`,
 `normalize_denom_bound`), normalize_weight's weights given the implementation's own denom.
+
+Input classes (the differential suite tags each judged case ``class: <name>`` per class it is in,
+computed from its tensors by `strategies.quant.case_classes`; ``<class>:<input>`` names the input; the
+report counts them and tests/test_classes.py fails where one has no example under the ci profile):
+
+* moe.expand_to_fused: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,
+  ``neg_zero:x``, ``non_pow2``, ``signed_zero_tie:x``, ``subnormal:x``.
+* moe.expand_to_fused_with_sf: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan:x_sf``, ``nan_payload:x_sf``,
+  ``non_pow2``, ``single_row``, ``subnormal:x``, ``subnormal:x_sf``.
+* moe.fused_mapping: ``empty``, ``non_pow2``, ``single_row``.
+* moe.group_count: ``empty``, ``non_pow2``.
+* moe.normalize_weight: ``empty``, ``non_pow2``, ``single_row``, ``subnormal:topk_weights``,
+  ``zero_row:topk_weights``.
+* moe.reduce_fused: ``dtype_max:x``, ``empty``, ``nan:topk_weights``, ``nan:x``, ``nan:x_sf``,
+  ``nan_payload:x``, ``neg_inf:x``, ``neg_zero:topk_weights``, ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``,
+  ``signed_zero_tie:x``, ``subnormal:topk_weights``, ``subnormal:x``, ``zero_row:topk_weights``,
+  ``zero_row:x``.
+* moe.topk_gate: ``dtype_max:scores``, ``empty``, ``nan:scores``, ``nan_payload:scores``, ``neg_inf:scores``,
+  ``neg_zero:scores``, ``non_pow2``, ``pos_inf:scores``, ``signed_zero_tie:scores``, ``subnormal:scores``,
+  ``zero_row:scores``.
 """
 
 from __future__ import annotations

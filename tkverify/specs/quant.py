@@ -8,10 +8,30 @@ of `tkverify.specs.quant_bounds`; the bench shapes are in `tkverify.specs.quant_
 The public swiglu function updates clamped_count in place; the spec wraps it
 (`ReturningClampedCount`) so that the counter after the call is judged as a third output
 (empty when the call had none).
+
+Input classes (the differential suite tags each judged case ``class: <name>`` per class it is in,
+computed from its tensors by `strategies.quant.case_classes`; ``<class>:<input>`` names the input; the
+report counts them and tests/test_classes.py fails where one has no example under the ci profile):
+
+* quant.cast_back: ``dtype_max:data``, ``empty``, ``nan:data``, ``nan:sf``, ``nan_payload:data``,
+  ``neg_zero:data``, ``non_pow2``, ``pos_inf:sf``, ``signed_zero_tie:data``, ``single_row``,
+  ``subnormal:data``, ``subnormal:sf``.
+* quant.per_block_cast: ``dtype_max:x``, ``empty``, ``nan:x``, ``neg_inf:x``, ``neg_zero:x``, ``non_pow2``,
+  ``pos_inf:x``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:x``.
+* quant.per_channel_cast: ``dtype_max:x``, ``empty``, ``nan:x``, ``neg_inf:x``, ``neg_zero:x``, ``non_pow2``,
+  ``pos_inf:x``, ``single_row``, ``subnormal:x``.
+* quant.per_token_cast, quant.per_token_cast_with_sf_only: ``dtype_max:x``, ``empty``, ``nan:x``,
+  ``neg_zero:x``, ``non_pow2``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:x``, ``zero_row:x``.
+* quant.per_token_cast_with_precomputed_sf: ``dtype_max:x``, ``nan:sf``, ``nan:x``, ``neg_zero:x``,
+  ``non_pow2``, ``pos_inf:sf``, ``pos_inf:x``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:sf``,
+  ``subnormal:x``, ``zero_row:sf``.
+* quant.swiglu_forward_and_per_token_cast: ``empty``, ``nan:x``, ``neg_inf:x``, ``non_pow2``, ``pos_inf:x``,
+  ``single_row``, ``subnormal:x``, ``zero_row:topk_weights``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Any, Callable
 

@@ -1,5 +1,15 @@
 """Transposes: pure data movement, judged bitwise (NaN payloads and -0 included); the
-contract is docs/contract/transpose.md."""
+contract is docs/contract/transpose.md.
+
+Input classes (the differential suite tags each judged case ``class: <name>`` per class it is in,
+computed from its tensors by `strategies.quant.case_classes`; ``<class>:<input>`` names the input; the
+report counts them and tests/test_classes.py fails where one has no example under the ci profile):
+
+* transpose.batched_transpose: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,
+  ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:x``.
+* transpose.transpose: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,
+  ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``, ``signed_zero_tie:x``, ``subnormal:x``.
+"""
 
 import torch
 
