@@ -27,6 +27,8 @@ KERNELS = {
     "engram.gate_fwd": "kernels.engram:GATE_FWD",
     "engram.gate_bwd": "kernels.engram:GATE_BWD",
     "engram.grad_w_reduce": "kernels.engram:GRAD_W_REDUCE",
+    "engram.fused_weight": "kernels.engram:FUSED_WEIGHT",
+    "engram.hash": "kernels.engram:ENGRAM_HASH",
     "mhc.sinkhorn": "kernels.mhc:SINKHORN",
     "mhc.sinkhorn_bwd": "kernels.mhc:SINKHORN_BWD",
     "mhc.pre_split_mixes": "kernels.mhc:PRE_SPLIT_MIXES",

@@ -1,4 +1,6 @@
-"""Float64 oracle of Engram gating: the forward and its backward derived by hand.
+"""Float64 oracles of Engram gating (the forward and its backward derived by hand) and of the weight
+kernels around it, fused_weight and grad_w_reduce (at the end of the module; the n-gram hash is
+references/engram_hash.py).
 
 The maths (docs/contract/engram.md#engram.gate).  Per token t and head h (one *row* (t, h)), with
 x, k of shape (T, hc, H), v (T, H), the fused weight w = wh * we (hc, H):
@@ -49,7 +51,7 @@ import math
 
 import torch
 
-from references import as_float64_tensor
+from references import as_float64_tensor, exact_sum
 
 
 def _shapes(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> tuple[int, int, int]:
@@ -143,3 +145,44 @@ def fused_weight_grads(grad_w, wh, we):
         return t
 
     return reduce_to(grad_w * we, wh.shape), reduce_to(grad_w * wh, we.shape)
+
+
+# -- the weight kernels around the gate: fused_weight and grad_w_reduce --------------------------
+#
+# docs/contract/engram.md#engram.fused_weight and #engram.grad_w_reduce.  A product of two bf16
+# (8 significant bits each) has at most 16 significant bits and an exponent far inside float64's
+# range, so float64 holds it exactly (NaN and infinities as IEEE makes them); a partial (fp32, 24
+# bits) times a bf16 weight (8 bits) is exact too.
+
+
+def fused_weight(weight_hidden, weight_embed) -> torch.Tensor:
+    """weight_hidden * weight_embed, exact, float64 (hc, H): the fp32 result is its correct rounding."""
+    wh, we = as_float64_tensor(weight_hidden), as_float64_tensor(weight_embed)
+    if wh.shape != we.shape:
+        raise ValueError(f"weight_embed must have weight_hidden's shape {tuple(wh.shape)}, got {tuple(we.shape)}")
+    return wh * we
+
+
+def grad_w_reduce_terms(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed):
+    """The exact terms of both accumulations, as float64 numpy arrays of shape (hc, H) each:
+    ([grad_weight_hidden, p_0 we, ..., p_{P-1} we], [grad_weight_embed, p_0 wh, ..., p_{P-1} wh]),
+    where p_b = grad_w_partial[b].  Each product is exact in float64."""
+    p = as_float64_tensor(grad_w_partial).numpy()
+    wh, we = as_float64_tensor(weight_hidden).numpy(), as_float64_tensor(weight_embed).numpy()
+    acc_h, acc_e = as_float64_tensor(grad_weight_hidden).numpy(), as_float64_tensor(grad_weight_embed).numpy()
+    if p.ndim != 3 or p.shape[1:] != wh.shape or we.shape != wh.shape or acc_h.shape != wh.shape \
+            or acc_e.shape != wh.shape:
+        raise ValueError(f"grad_w_partial must be (P, hc, H) and the four others (hc, H), got {p.shape}, "
+                         f"{wh.shape}, {we.shape}, {acc_h.shape}, {acc_e.shape}")
+    return [acc_h, *(p[b] * we for b in range(p.shape[0]))], [acc_e, *(p[b] * wh for b in range(p.shape[0]))]
+
+
+def grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed):
+    """(grad_weight_hidden + S * weight_embed, grad_weight_embed + S * weight_hidden), S = sum over b of
+    grad_w_partial[b]: the accumulators after the call, float64 (hc, H), each summed nearly exactly
+    (`exact_sum`).  S is the fused weight's gradient, so these are grad_wh and grad_we of
+    `fused_weight_grads` added to the accumulators."""
+    hidden_terms, embed_terms = grad_w_reduce_terms(grad_w_partial, weight_hidden, weight_embed,
+                                                    grad_weight_hidden, grad_weight_embed)
+    shape = hidden_terms[0].shape
+    return (torch.from_numpy(exact_sum(hidden_terms, shape)), torch.from_numpy(exact_sum(embed_terms, shape)))

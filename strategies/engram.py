@@ -1,4 +1,5 @@
-"""Strategies for Engram gating: cases of ``engram_gate_fwd(x, k, v, w, eps, clamp)``.
+"""Strategies for Engram gating: cases of ``engram_gate_fwd(x, k, v, w, eps, clamp)``; and, at the end
+of the module, of fused_weight and grad_w_reduce (the n-gram hash: strategies/engram_hash.py).
 
 A case is drawn in four layers, each a few hypothesis choices:
 
@@ -33,7 +34,7 @@ import math
 
 import numpy as np
 import torch
-from hypothesis import strategies as st
+from hypothesis import event, strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from strategies import rarely, seeds, torch_copy
@@ -242,3 +243,145 @@ def engram_gate_cases(draw) -> Case:
     _plant_z(np.random.default_rng([seed, 200]), xt, kt, w, eps, clamp, plants)
     return Case(params={"eps": eps, "clamp": clamp},
                 inputs={"x": xt, "k": kt, "v": vt, "w": torch_copy(np.ascontiguousarray(w, dtype=np.float32))})
+
+
+# -- fused_weight and grad_w_reduce ----------------------------------------------------------------
+#
+# Cases of ``fused_weight(weight_hidden, weight_embed)`` and of ``grad_w_reduce(grad_w_partial,
+# weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)``: (hc, H) with hc 1 .. 8 and H
+# ending in partial tiles of the kernels' 128 and 1024 columns (DeepSeek's 7168 about once in eight).
+# Each value class is tagged with ``event("class: ...")``.
+#
+# fused_weight draws every bf16, NaN and the infinities included: random bit patterns; products that
+# land in the fp32 subnormal range or below it (exponents summing to -152 .. -126, so ties at half the
+# smallest subnormal occur); products around the overflow threshold (exponents summing to 125 .. 129);
+# and specials (+-0, +-inf, NaN, inf against 0) scattered over either operand.
+# grad_w_reduce stays in the contract's judged domain (finite; sum_b |p_b| <= 2^64, |w| <= 2^60,
+# |accumulator| <= 2^120): P from 0 (an empty reduction) to 256 blocks; partials that cancel (pairs p,
+# -p and a residue 2^-20 smaller), that are zero (some blocks or all), or of log-uniform magnitudes;
+# accumulators that are zero, random, or the negated product S * w (the final add cancels).
+
+WEIGHT_HIDDEN_SIZES = (1, 3, 8, 64, 100, 1024, 1030)
+REDUCE_HIDDEN_SIZES = (4, 12, 64, 100, 1028)  # hc H a multiple of 4 (the kernels' float4 columns)
+BLOCK_COUNTS = (0, 1, 2, 3, 7, 8, 9, 33, 128)
+FUSED_CLASSES = ("normal", "bits", "subnormal_products", "overflow_products", "specials")
+PARTIAL_CLASSES = ("normal", "cancellation", "zero_blocks", "all_zero", "wide")
+ACCUMULATOR_CLASSES = ("zero", "random", "cancel_final_add")
+MAX_REDUCE_ELEMENTS = 2**15  # P hc H of one case (CPU time)
+MAX_PARTIAL_SUM = 2.0**64  # sum_b |p_b| (the judged domain)
+MAX_REDUCE_WEIGHT = 2.0**60
+
+
+def _bf16_bits(bits: np.ndarray) -> torch.Tensor:
+    """bf16 tensor of the given 16-bit patterns (every code, NaN and infinities included)."""
+    return torch_copy(bits.astype(np.uint16).view(np.int16)).view(torch.bfloat16)
+
+
+def _bf16_exact(a: np.ndarray) -> torch.Tensor:
+    """bf16 of float64 values, rounded (inf and NaN kept)."""
+    return torch_copy(a.astype(np.float32)).to(torch.bfloat16)
+
+
+def _signed_powers(rng, shape, low: int, high: int) -> np.ndarray:
+    """+-(1 + k/128) 2^e, e uniform in [low, high]: bf16 values with random 8-bit significands."""
+    mags = (1.0 + rng.integers(0, 128, size=shape) / 128.0) * np.exp2(rng.integers(low, high, size=shape,
+                                                                                  endpoint=True))
+    return np.where(rng.random(shape) < 0.5, -mags, mags)
+
+
+def _fused_operands(rng, kind: str, shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    if kind == "normal":
+        return _bf16_exact(rng.standard_normal(shape)), _bf16_exact(rng.standard_normal(shape) + 1.0)
+    if kind == "bits":
+        return (_bf16_bits(rng.integers(0, 2**16, size=shape)), _bf16_bits(rng.integers(0, 2**16, size=shape)))
+    if kind == "subnormal_products":  # exponent sums -152 .. -126; bf16 subnormal operands too
+        ea = rng.integers(-133, -19, size=shape, endpoint=True)
+        eb = rng.integers(-152, -126, size=shape, endpoint=True) - ea
+        eb = np.clip(eb, -133, 127)
+        sig = lambda: 1.0 + rng.integers(0, 128, size=shape) / 128.0  # noqa: E731
+        return _bf16_exact(sig() * np.exp2(ea)), _bf16_exact(-sig() * np.exp2(eb))
+    if kind == "overflow_products":  # exponent sums 125 .. 129: the fp32 overflow threshold inside
+        ea = rng.integers(-2, 127, size=shape, endpoint=True)
+        eb = np.clip(rng.integers(125, 129, size=shape, endpoint=True) - ea, -133, 127)
+        return _bf16_exact(_signed_powers(rng, shape, 0, 0) * np.exp2(ea)), \
+            _bf16_exact(_signed_powers(rng, shape, 0, 0) * np.exp2(eb))
+    if kind == "specials":
+        specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0])
+        a, b = rng.standard_normal(shape), rng.standard_normal(shape)
+        for arr in (a, b):
+            where = rng.random(shape) < 0.3
+            arr[where] = rng.choice(specials, size=shape)[where]
+        inf_zero = rng.random(shape) < 0.1  # inf times 0: NaN
+        a[inf_zero], b[inf_zero] = np.inf, 0.0
+        return _bf16_exact(a), _bf16_exact(b)
+    raise ValueError(kind)
+
+
+@st.composite
+def fused_weight_cases(draw) -> Case:
+    """Cases of ``fused_weight(weight_hidden, weight_embed)`` (no params)."""
+    heads = draw(st.integers(1, MAX_HEADS))
+    hidden = draw(rarely(st.sampled_from(WEIGHT_HIDDEN_SIZES), st.just(LARGE_HIDDEN), one_in=8))
+    kind = draw(st.sampled_from(FUSED_CLASSES))
+    event(f"class: {kind}")
+    rng = np.random.default_rng([draw(seeds())])
+    wh, we = _fused_operands(rng, kind, (heads, hidden))
+    return Case(params={}, inputs={"weight_hidden": wh, "weight_embed": we})
+
+
+def _partials(rng, kind: str, parts: int, shape: tuple[int, int]) -> np.ndarray:
+    p = rng.standard_normal((parts, *shape))
+    if kind == "wide":
+        p = _signed_powers(rng, (parts, *shape), -60, 50)
+    elif kind == "cancellation" and parts >= 2:  # pairs p, -p; the last block off by 2^-20 (or unpaired, that small)
+        half = parts // 2
+        p[half:2 * half] = -p[:half]
+        if parts % 2:
+            p[-1] *= 2.0**-20
+        p[-1] += rng.standard_normal(shape) * 2.0**-20
+    elif kind == "zero_blocks":
+        p[rng.random(parts) < 0.5] = 0.0
+    elif kind == "all_zero":
+        p[:] = 0.0
+    p = p.astype(np.float32)
+    total = np.abs(p.astype(np.float64)).sum(0)
+    scale = np.where(total > MAX_PARTIAL_SUM, MAX_PARTIAL_SUM / np.maximum(total, 1.0), 1.0)
+    return (p * scale).astype(np.float32)
+
+
+@st.composite
+def grad_w_reduce_cases(draw) -> Case:
+    """Cases of ``grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
+    grad_weight_embed)`` (no params)."""
+    heads = draw(st.integers(1, MAX_HEADS))
+    hidden = draw(rarely(st.sampled_from(REDUCE_HIDDEN_SIZES), st.just(LARGE_HIDDEN), one_in=8))
+    parts = draw(rarely(st.sampled_from(BLOCK_COUNTS), st.integers(129, 256), one_in=8))
+    parts = min(parts, MAX_REDUCE_ELEMENTS // (heads * hidden))
+    kind = draw(st.sampled_from(PARTIAL_CLASSES))
+    acc_kind = draw(st.sampled_from(ACCUMULATOR_CLASSES))
+    wide_weights = draw(st.booleans())
+    event(f"class: partials {kind}")
+    event(f"class: accumulators {acc_kind}")
+    if parts == 0:
+        event("class: empty reduction")
+    rng = np.random.default_rng([draw(seeds())])
+    shape = (heads, hidden)
+    p = _partials(rng, kind, parts, shape)
+    if wide_weights:
+        wh, we = (np.clip(_signed_powers(rng, shape, -40, 60), -MAX_REDUCE_WEIGHT, MAX_REDUCE_WEIGHT)
+                  for _ in range(2))
+    else:
+        wh, we = rng.standard_normal(shape) * 0.1 + 1.0, rng.standard_normal(shape) * 0.1 + 1.0
+    wh_t, we_t = _bf16_exact(wh), _bf16_exact(we)
+    accs = []
+    for w in (we_t, wh_t):
+        if acc_kind == "zero":
+            acc = np.zeros(shape)
+        elif acc_kind == "random":
+            acc = rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20))
+        else:  # minus S * w rounded to fp32: the final addition cancels to the rounding error
+            acc = -(p.astype(np.float64).sum(0) * w.float().numpy().astype(np.float64))
+        accs.append(np.clip(acc, -2.0**120, 2.0**120).astype(np.float32))
+    return Case(params={}, inputs={"grad_w_partial": torch_copy(np.ascontiguousarray(p)), "weight_hidden": wh_t,
+                                   "weight_embed": we_t, "grad_weight_hidden": torch_copy(accs[0]),
+                                   "grad_weight_embed": torch_copy(accs[1])})

@@ -358,6 +358,21 @@ def _unfused_inputs() -> dict[str, Any]:
     return {**{k: args[k] for k in "xkv"}, "wh": w, "we": torch.full_like(w, 0.5), "eps": 1e-6, "clamp": 1e-6}
 
 
+def _fused_weight_inputs():
+    return {"weight_hidden": torch.ones(2, 8, dtype=torch.bfloat16), "weight_embed": torch.full((2, 8), 0.5, dtype=torch.bfloat16)}
+
+
+def _grad_w_reduce_inputs():
+    return {"grad_w_partial": torch.ones(3, 2, 8), **_fused_weight_inputs(), "grad_weight_hidden": torch.zeros(2, 8),
+            "grad_weight_embed": torch.zeros(2, 8)}
+
+
+def _hash_inputs():
+    return {"ngram_token_ids": torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32),
+            "multipliers": torch.tensor([[3, 5, 7], [1, 1, 1]]), "vocab_sizes": torch.full((2, 2, 2), 7, dtype=torch.int32),
+            "offsets": torch.zeros(2, 4, dtype=torch.int32), "image_token_mask": torch.tensor([False, True])}
+
+
 ENGRAM_FWD = dict(
     tensors={"x": torch.float16, "k": torch.float16, "v": torch.float16, "w": torch.float64}, reference="x",
     floats={"eps": NON_FINITE_OR_NOT_POSITIVE, "clamp": NON_FINITE_OR_NOT_POSITIVE},
@@ -384,6 +399,33 @@ ENGRAM = {
         reference="x", floats={"eps": NON_FINITE_OR_NOT_POSITIVE, "clamp": NON_FINITE_OR_NOT_POSITIVE},
         extra=(Bad("wh-other-H", "wh", ValueError, _set("wh", lambda t: t[:, :8])),
                Bad("we-broadcast-row", "we", ValueError, _set("we", lambda t: t[:1])))),
+    "fused_weight": Table(
+        base=_fused_weight_inputs, tensors={"weight_hidden": torch.float32, "weight_embed": torch.float16},
+        reference="weight_hidden",
+        extra=(Bad("weight_embed-other-H", "weight_embed", ValueError, _set("weight_embed", lambda t: t[:, :4])),
+               Bad("weight_hidden-no-heads", "weight_hidden", ValueError, _set("weight_hidden", lambda t: t[:0])))),
+    "grad_w_reduce": Table(
+        base=_grad_w_reduce_inputs,
+        tensors={"grad_w_partial": torch.float64, "weight_hidden": torch.float32, "weight_embed": torch.float32,
+                 "grad_weight_hidden": torch.bfloat16, "grad_weight_embed": torch.float64},
+        reference="weight_hidden",
+        extra=(Bad("grad_w_partial-other-H", "grad_w_partial", ValueError, _set("grad_w_partial", lambda t: t[..., :4])),
+               Bad("grad_weight_embed-other-heads", "grad_weight_embed", ValueError,
+                   _set("grad_weight_embed", lambda t: t[:1])),
+               Bad("accumulators-one-tensor", "grad_weight_hidden", ValueError,
+                   lambda args, foreign: args.update(grad_weight_embed=args["grad_weight_hidden"])))),
+    "engram_hash": Table(
+        base=_hash_inputs,
+        tensors={"ngram_token_ids": torch.int64, "multipliers": torch.int32, "vocab_sizes": torch.int64,
+                 "offsets": torch.int64, "image_token_mask": torch.uint8},
+        reference="ngram_token_ids",
+        extra=(Bad("ngram_token_ids-one-column", "ngram_token_ids", ValueError,
+                   _set("ngram_token_ids", lambda t: t[:, :1])),
+               Bad("multipliers-other-N", "multipliers", ValueError, _set("multipliers", lambda t: t[:, :2])),
+               Bad("vocab_sizes-other-orders", "vocab_sizes", ValueError, _set("vocab_sizes", lambda t: t[:, :1])),
+               Bad("offsets-other-tables", "offsets", ValueError, _set("offsets", lambda t: t[:, :3])),
+               Bad("image_token_mask-other-tokens", "image_token_mask", ValueError,
+                   _set("image_token_mask", lambda t: t[:1])))),
 }
 
 # -- mhc ---------------------------------------------------------------------------------------------------

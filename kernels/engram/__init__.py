@@ -1,4 +1,4 @@
-"""Engram gating in TileLang: the forward, the backward and the grad_w reduction.
+"""Engram in TileLang: the gate's forward and backward, the grad_w reduction, fused_weight and the n-gram hash.
 
 What each op computes is ``docs/contract/engram.md``; signatures, return conventions and argument
 checks are those of ``kernels/torch/engram.py`` (its checks are called here, so the same bad arguments
@@ -17,9 +17,13 @@ Where things are:
 ``gate_fwd``           the forward kernel ``GATE_FWD`` (engram.gate_fwd)
 ``gate_bwd``           the backward kernel ``GATE_BWD`` (engram.gate_bwd): grad_x, grad_k,
                        grad_v and per-block grad_w partials
-``grad_w_reduce``      ``GRAD_W_REDUCE`` (engram.grad_w_reduce): the partials summed in a fixed order
+``grad_w_reduce``      ``GRAD_W_REDUCE``: the partials summed in a fixed order, into grad_w (the gate
+                       backward) or, fused, into both weights' accumulators (engram.grad_w_reduce)
+``fused_weight``       ``FUSED_WEIGHT`` (engram.fused_weight): weight_hidden * weight_embed in fp32
+``hash``               ``ENGRAM_HASH`` (engram.hash): the n-gram hash embedding indices
 ``wrappers``           the entry points ``engram_gate_fwd``, ``engram_gate_bwd``, ``EngramGate``,
-                       ``engram_gate``: checks, configuration, launches
+                       ``engram_gate``, ``fused_weight``, ``grad_w_reduce``, ``engram_hash``: checks,
+                       configuration, launches
 =====================  ==========================================================================
 
 No fast math: tilelang compiles without --use_fast_math, so sqrtf and the division are IEEE, expf is
@@ -42,4 +46,7 @@ from .gate_bwd import GATE_BWD, build_gate_bwd
 from .gate_fwd import GATE_FWD, build_gate_fwd
 from .grad_w_reduce import (GRAD_W_REDUCE, REDUCE_COLUMNS, REDUCE_CONFIGS, REDUCE_THREADS, REDUCE_WARPS, ReduceConfig,
                             build_grad_w_reduce)
-from .wrappers import EngramGate, engram_gate, engram_gate_bwd, engram_gate_fwd
+from .fused_weight import FUSED_WEIGHT, FUSED_WEIGHT_CONFIGS, FusedWeightConfig, build_fused_weight
+from .hash import ENGRAM_HASH, HASH_CONFIGS, HashConfig, build_engram_hash
+from .wrappers import (EngramGate, engram_gate, engram_gate_bwd, engram_gate_fwd, engram_hash, fused_weight,
+                       grad_w_reduce)

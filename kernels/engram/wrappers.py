@@ -6,6 +6,12 @@ Function over the two, ``engram_gate`` the call with unfused weights.  What the 
 eager checks: working precision only (float64 raises TypeError), every tensor on one CUDA device,
 H a multiple of 8 with 8 <= H <= 7168, 1 <= hc <= 8, T hc within int32 (ValueError).  T = 0 returns
 empty outputs (grad_w zeros) without a launch.
+
+``fused_weight``, ``grad_w_reduce`` and ``engram_hash`` take and return what their eager namesakes
+in ``kernels/torch/engram.py`` do (grad_w_reduce updates its accumulators in place and returns them),
+after the same checks, and add: CUDA tensors; grad_w_reduce hc H a multiple of 4 (its float4
+columns); every size within int32 (engram_hash: L T (N - 1) K too).  Nothing to compute launches
+nothing.
 """
 
 import functools
@@ -19,7 +25,9 @@ from .configs import (CHUNK, MAX_HEADS, MAX_HIDDEN, backward_blocks, bwd_config,
                       fwd_resident)
 from .gate_bwd import GATE_BWD
 from .gate_fwd import GATE_FWD
+from .fused_weight import FUSED_VECTOR, FUSED_WEIGHT, FusedWeightConfig
 from .grad_w_reduce import GRAD_W_REDUCE, ReduceConfig
+from .hash import ENGRAM_HASH, HashConfig
 
 
 def _check_working_precision(name: str, t: object) -> None:
@@ -126,3 +134,80 @@ def engram_gate(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wh: torch.Ten
                 eps: float = 1e-6, clamp: float = 1e-6) -> torch.Tensor:
     """Engram gating with the unfused weights: w = wh * we (fp32), through `EngramGate`."""
     return eager.apply_unfused(EngramGate, x, k, v, wh, we, eps, clamp)
+
+
+# -- fused_weight, grad_w_reduce, engram_hash ------------------------------------------------------
+
+
+def _check_cuda(named: tuple[tuple[str, torch.Tensor], ...]) -> None:
+    for name, t in named:
+        _tilelang.require_cuda(name, t)
+        _tilelang.check_dims_fit_int32(name, t)
+
+
+def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
+    """weight_hidden * weight_embed, fp32 (hc, H), one IEEE product an element; see kernels/torch/engram.py."""
+    eager._check_fused_weight(weight_hidden, weight_embed)
+    _check_cuda((("weight_hidden", weight_hidden), ("weight_embed", weight_embed)))
+    out = torch.empty(weight_hidden.shape, dtype=torch.float32, device=weight_hidden.device)
+    n = weight_hidden.numel()
+    if n > _tilelang.MAX_DIM:
+        raise ValueError(f"weight_hidden: hc * H must be at most {_tilelang.MAX_DIM} (int32 indices), got {n}")
+    tensors = (_tilelang.aligned(weight_hidden).view(-1), _tilelang.aligned(weight_embed).view(-1), out.view(-1))
+    vectorized = n % FUSED_VECTOR == 0
+    kernel = _tilelang.kernel_for(FUSED_WEIGHT, FusedWeightConfig(vectorized), weight_hidden.device)
+    with _tilelang.device_guard(weight_hidden.device):
+        kernel(*tensors)
+    return out
+
+
+def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, weight_embed: torch.Tensor,
+                  grad_weight_hidden: torch.Tensor, grad_weight_embed: torch.Tensor):
+    """(grad_weight_hidden, grad_weight_embed), updated in place: += S * weight_embed and += S * weight_hidden,
+    S = sum_b grad_w_partial[b] in the fixed order of kernels/engram/grad_w_reduce.py; see
+    kernels/torch/engram.py."""
+    parts = eager._check_grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden,
+                                      grad_weight_embed)
+    # weight_hidden first: the eager checks put every tensor on its device, so it names a wrong one.
+    _check_cuda((("weight_hidden", weight_hidden), ("grad_w_partial", grad_w_partial),
+                 ("weight_embed", weight_embed), ("grad_weight_hidden", grad_weight_hidden),
+                 ("grad_weight_embed", grad_weight_embed)))
+    n = weight_hidden.numel()
+    if n % 4 != 0 or n > _tilelang.MAX_DIM:
+        raise ValueError(f"weight_hidden: the TileLang kernel needs hc * H a multiple of 4 (float4 columns) and at "
+                         f"most {_tilelang.MAX_DIM}, got {n}")
+    if parts == 0:
+        return grad_weight_hidden, grad_weight_embed  # S = 0: every accumulator keeps its value
+    # The partials are read as float4 (16-byte aligned start); the weights and accumulators element by element.
+    kernel = _tilelang.kernel_for(GRAD_W_REDUCE, ReduceConfig(fused=True), weight_hidden.device)
+    with _tilelang.device_guard(weight_hidden.device):
+        kernel(_tilelang.aligned(grad_w_partial).view(parts, n), weight_hidden.view(-1), weight_embed.view(-1),
+               grad_weight_hidden.view(-1), grad_weight_embed.view(-1))
+    return grad_weight_hidden, grad_weight_embed
+
+
+def engram_hash(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_sizes: torch.Tensor,
+                offsets: torch.Tensor, image_token_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Embedding indices, int32 (L, T, (N - 1) K); see kernels/torch/engram.py."""
+    tokens, ngram, layers, per_ngram = eager._check_hash(ngram_token_ids, multipliers, vocab_sizes, offsets,
+                                                        image_token_mask)
+    named = (("ngram_token_ids", ngram_token_ids), ("multipliers", multipliers), ("vocab_sizes", vocab_sizes),
+             ("offsets", offsets))
+    _check_cuda(named + ((("image_token_mask", image_token_mask),) if image_token_mask is not None else ()))
+    tables = (ngram - 1) * per_ngram
+    out = torch.empty((layers, tokens, tables), dtype=torch.int32, device=ngram_token_ids.device)
+    if out.numel() > _tilelang.MAX_DIM:
+        raise ValueError(f"ngram_token_ids: L * T * (N - 1) * K must be at most {_tilelang.MAX_DIM} (int32 "
+                         f"indices), got {out.numel()}")
+    if out.numel() == 0:
+        return out
+    device = ngram_token_ids.device
+    if image_token_mask is None:
+        mask, has_mask = _tilelang.placeholder(torch.uint8, device), 0
+    else:
+        mask, has_mask = image_token_mask.view(torch.uint8), 1
+    kernel = _tilelang.kernel_for(ENGRAM_HASH, HashConfig(), device)
+    with _tilelang.device_guard(device):
+        kernel(ngram_token_ids, multipliers, vocab_sizes.view(layers, tables), offsets, mask, out.view(-1),
+               per_ngram, has_mask)
+    return out

@@ -188,3 +188,121 @@ def engram_gate(x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wh: torch.Ten
                 eps: float = 1e-6, clamp: float = 1e-6) -> torch.Tensor:
     """Engram gating with the unfused weights: w = wh * we (fp32), through `EngramGate`."""
     return apply_unfused(EngramGate, x, k, v, wh, we, eps, clamp)
+
+
+# -- the weight kernels around the gate and the n-gram hash ---------------------------------------
+#
+# docs/contract/engram.md#engram.fused_weight, #engram.grad_w_reduce, #engram.hash.
+#
+# ``fused_weight(weight_hidden, weight_embed) -> w``
+#     weight_hidden, weight_embed  bf16 (hc, H), contiguous, on one device
+#     w                            fp32 (hc, H) = weight_hidden * weight_embed (exact but for
+#                                  overflow and underflow: correctly rounded)
+# ``grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+# -> (grad_weight_hidden, grad_weight_embed)``
+#     grad_w_partial            fp32 (P, hc, H): per-block partial sums of the fused weight's gradient
+#     weight_hidden, weight_embed  bf16 (hc, H)
+#     grad_weight_hidden, grad_weight_embed  fp32 (hc, H), updated in place and returned (the same
+#                               tensors): += S * weight_embed and += S * weight_hidden, S = sum_b partial[b]
+# ``engram_hash(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask=None) -> indices``
+#     ngram_token_ids  int32 (T, N), N >= 2; multipliers int64 (L, N); vocab_sizes int32 (L, N - 1, K);
+#     offsets int32 (L, (N - 1) K); image_token_mask bool (T,) or None
+#     indices          int32 (L, T, (N - 1) K)
+
+
+def _check_pair(name: str, t: object, dtype: torch.dtype, like: torch.Tensor | None, what: str) -> None:
+    """A weight-shaped tensor: `dtype`, 2-D, and (like given) like's shape and device."""
+    if like is None:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2 or min(t.shape) < 1:
+            raise ValueError(f"{name} must be 2-D {what} with hc >= 1 and H >= 1, got shape {tuple(t.shape)}")
+        _check_tensor(name, t, dtype, tuple(t.shape), None, what)
+    else:
+        _check_tensor(name, t, dtype, tuple(like.shape), like.device, what)
+
+
+def _check_fused_weight(weight_hidden, weight_embed) -> None:
+    """Validate fused_weight's arguments."""
+    _check_pair("weight_hidden", weight_hidden, torch.bfloat16, None, "(hc, H)")
+    _check_pair("weight_embed", weight_embed, torch.bfloat16, weight_hidden, "(hc, H)")
+
+
+def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
+    """weight_hidden * weight_embed, fp32 (hc, H): one IEEE product per element."""
+    _check_fused_weight(weight_hidden, weight_embed)
+    return weight_hidden.float() * weight_embed.float()
+
+
+def _check_grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed) -> int:
+    """Validate grad_w_reduce's arguments; returns P, the number of partials."""
+    _check_pair("weight_hidden", weight_hidden, torch.bfloat16, None, "(hc, H)")
+    _check_pair("weight_embed", weight_embed, torch.bfloat16, weight_hidden, "(hc, H)")
+    if not isinstance(grad_w_partial, torch.Tensor):
+        raise TypeError(f"grad_w_partial must be a torch.Tensor, got {type(grad_w_partial).__name__}")
+    if grad_w_partial.dim() != 3:
+        raise ValueError(f"grad_w_partial must be 3-D (P, hc, H), got shape {tuple(grad_w_partial.shape)}")
+    parts = grad_w_partial.shape[0]
+    _check_tensor("grad_w_partial", grad_w_partial, torch.float32, (parts, *weight_hidden.shape),
+                  weight_hidden.device, "(P, hc, H)")
+    for name, acc in (("grad_weight_hidden", grad_weight_hidden), ("grad_weight_embed", grad_weight_embed)):
+        _check_pair(name, acc, torch.float32, weight_hidden, "(hc, H)")
+    if grad_weight_hidden is grad_weight_embed:
+        raise ValueError("grad_weight_hidden and grad_weight_embed must be distinct tensors (both are accumulated)")
+    return parts
+
+
+def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, weight_embed: torch.Tensor,
+                  grad_weight_hidden: torch.Tensor, grad_weight_embed: torch.Tensor):
+    """(grad_weight_hidden, grad_weight_embed), updated in place: S = sum_b grad_w_partial[b] (fp32),
+    then grad_weight_hidden += S * weight_embed and grad_weight_embed += S * weight_hidden."""
+    _check_grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
+    total = grad_w_partial.sum(0)
+    grad_weight_hidden.add_(total * weight_embed.float())
+    grad_weight_embed.add_(total * weight_hidden.float())
+    return grad_weight_hidden, grad_weight_embed
+
+
+def _check_hash(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask) -> tuple[int, int, int, int]:
+    """Validate engram_hash's arguments; returns (T, N, L, K)."""
+    if not isinstance(ngram_token_ids, torch.Tensor):
+        raise TypeError(f"ngram_token_ids must be a torch.Tensor, got {type(ngram_token_ids).__name__}")
+    if ngram_token_ids.dim() != 2 or ngram_token_ids.shape[1] < 2:
+        raise ValueError(f"ngram_token_ids must be 2-D (T, N) with N >= 2, got shape {tuple(ngram_token_ids.shape)}")
+    tokens, ngram = ngram_token_ids.shape
+    device = ngram_token_ids.device
+    _check_tensor("ngram_token_ids", ngram_token_ids, torch.int32, (tokens, ngram), None, "(T, N)")
+    if not isinstance(multipliers, torch.Tensor):
+        raise TypeError(f"multipliers must be a torch.Tensor, got {type(multipliers).__name__}")
+    if multipliers.dim() != 2 or multipliers.shape[0] < 1:
+        raise ValueError(f"multipliers must be 2-D (L, N) with L >= 1, got shape {tuple(multipliers.shape)}")
+    layers = multipliers.shape[0]
+    _check_tensor("multipliers", multipliers, torch.int64, (layers, ngram), device, "(L, N)")
+    if not isinstance(vocab_sizes, torch.Tensor):
+        raise TypeError(f"vocab_sizes must be a torch.Tensor, got {type(vocab_sizes).__name__}")
+    if vocab_sizes.dim() != 3 or vocab_sizes.shape[2] < 1:
+        raise ValueError(f"vocab_sizes must be 3-D (L, N - 1, K) with K >= 1, got shape {tuple(vocab_sizes.shape)}")
+    per_ngram = vocab_sizes.shape[2]
+    _check_tensor("vocab_sizes", vocab_sizes, torch.int32, (layers, ngram - 1, per_ngram), device, "(L, N - 1, K)")
+    _check_tensor("offsets", offsets, torch.int32, (layers, (ngram - 1) * per_ngram), device, "(L, (N - 1) K)")
+    if image_token_mask is not None:
+        _check_tensor("image_token_mask", image_token_mask, torch.bool, (tokens,), device, "(T,)")
+    return tokens, ngram, layers, per_ngram
+
+
+def engram_hash(ngram_token_ids: torch.Tensor, multipliers: torch.Tensor, vocab_sizes: torch.Tensor,
+                offsets: torch.Tensor, image_token_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Embedding indices, int32 (L, T, (N - 1) K): int64 products and xors, the non-negative residue
+    (torch.remainder) plus the table's offset, -1 on every index of an image token."""
+    tokens, ngram, layers, per_ngram = _check_hash(ngram_token_ids, multipliers, vocab_sizes, offsets,
+                                                  image_token_mask)
+    products = ngram_token_ids.long()[None, :, :] * multipliers[:, None, :]  # (L, T, N)
+    out = torch.empty((layers, tokens, ngram - 1, per_ngram), dtype=torch.int64, device=ngram_token_ids.device)
+    mix = products[:, :, 0]
+    for n in range(2, ngram + 1):
+        mix = torch.bitwise_xor(mix, products[:, :, n - 1])
+        out[:, :, n - 2] = torch.remainder(mix[:, :, None], vocab_sizes[:, None, n - 2].long())
+    out = out.view(layers, tokens, (ngram - 1) * per_ngram) + offsets.long()[:, None, :]
+    if image_token_mask is not None:
+        out[:, image_token_mask] = -1
+    return out.to(torch.int32)
