@@ -661,6 +661,20 @@ def _impl(op: str, target: Callable[..., Any]) -> Impl:
                 layouts=layouts)
 
 
+def family_modules() -> list[Any]:
+    """The modules beside this one that map the ops added per family (``tile_kernels_<family>.py``): each
+    holds FORWARD and BACKWARD (op -> mapping function) and registers nothing itself, so that every mapping
+    is registered here, a forward before its backward, whatever imported first.  Imported once this
+    module's helpers exist (they import them)."""
+    import pkgutil
+
+    import tkverify.adapters
+
+    names = sorted(info.name for info in pkgutil.iter_modules(tkverify.adapters.__path__)
+                   if info.name.startswith(f"{NAME}_") and info.name != f"{NAME}_known")
+    return [importlib.import_module(f"tkverify.adapters.{name}") for name in names]
+
+
 def register_all() -> list[str]:
     """Add the tile_kernels implementation to every registered op it maps; returns their names."""
     from tkverify.specs.moe import WithSfLayout
@@ -691,6 +705,9 @@ def register_all() -> list[str]:
         "mhc.post": post,
     }
     backward = {"engram.gate": engram_gate_bwd, "mhc.sinkhorn": sinkhorn_bwd}
+    for module in family_modules():
+        forward.update(getattr(module, "FORWARD", {}))
+        backward.update(getattr(module, "BACKWARD", {}))
     done = []
     for op, fn in forward.items():
         if not registry.has(op):

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from tkverify import registry
-from tkverify.adapters.tile_kernels import _call, _gen, _impl, _tk, _v
+from tkverify.adapters.tile_kernels import _call, _gen, _tk, _v
 from tkverify.registry import Unsupported
 
 
@@ -44,21 +43,9 @@ def engram_hash(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_
     return _call(engram.engram_hash, ngram_token_ids, multipliers, vocab_sizes, offsets)
 
 
-MAPPED = {
+# Registered by tkverify.adapters.tile_kernels.register_all.
+FORWARD = {
     "engram.fused_weight": fused_weight,
     "engram.grad_w_reduce": grad_w_reduce,
     "engram.hash": engram_hash,
 }
-
-
-def register_all() -> list[str]:
-    """Add the tile_kernels implementation to each of these ops that is registered; returns their names."""
-    done = []
-    for op, fn in MAPPED.items():
-        if registry.has(op):
-            registry.register_impl(op, _impl(op, fn))
-            done.append(op)
-    return done
-
-
-REGISTERED = register_all()
