@@ -30,6 +30,9 @@ Steps (--steps, a comma list, run in the order given):
   fuzz        the differential suite under the fuzz profile, EXAMPLES a test, then the cases it saved
               replayed
   bench       tkverify bench over every op's benchmark shapes (OPS only, if given)
+  production  every op's benchmark shapes judged against the float64 oracle (OPS only, if given):
+              tkverify sweep --parts none --production --host-limit 200 (a shape whose host oracle would
+              take longer is skipped and listed)
   ncu         Nsight Compute over each benchmark shape of the tilelang kernels, one process a shape,
               then the bench again with what bounds each tilelang row in its notes (tkverify bench --ncu)
   mutants     tkverify mutants --impl tilelang, then --impl torch (on the GPU)
@@ -64,7 +67,7 @@ Options:
 In OUT/results.tar.gz: results/env.txt (GPU, driver, versions, commit, what is available),
 steps.txt (each step's exit status and seconds), <step>.log, and the folders the steps
 write: pytest/, report/, fuzz/ (report.md/.json/.html, shards/), cases-*/ (failing cases),
-bench/, bench-ncu/, ncu/, mutants-tilelang/, mutants-torch/, and <cache>-cache.tar.xz.
+production/, bench/, bench-ncu/, ncu/, mutants-tilelang/, mutants-torch/, and <cache>-cache.tar.xz.
 EOF
 }
 
@@ -108,7 +111,7 @@ parse_args() {
   local s
   for s in ${STEPS//,/ }; do
     case "$s" in
-      pytest | report | fuzz | bench | findings) ;;
+      pytest | report | fuzz | bench | findings | production) ;;
       precompile | ncu | mutants | sanitize)
         [ "$RELEASE" = 1.0.0 ] && die "step $s needs our kernels, which do not import under tile-kernels 1.0.0's tilelang" ;;
       *) die "unknown step '$s' (see --help)" ;;
@@ -219,6 +222,11 @@ bench_impl() { [ "$IMPL" != all ] && echo "--impl $IMPL"; }
 run_bench() {
   # shellcheck disable=SC2046
   step bench 0 python3 -m tkverify.cli bench --out "$R/bench" $(bench_impl) ${OPS:+-k "$OPS"}
+}
+
+run_production() {
+  step production 0 python3 -m tkverify.cli sweep --parts none --production ${OPS:+-k "$OPS"} --host-limit 200 \
+    --out "$R/production"
 }
 
 # Nsight Compute at the clocks the bench runs at (--clock-control none: ncu's default base clocks make
