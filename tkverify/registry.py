@@ -326,8 +326,13 @@ def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
         # Adapters of other libraries add implementations to the ops declared above.
         import tkverify.adapters  # layer: the registry loads the built-in adapters on its first lookup
 
-        for info in pkgutil.iter_modules(tkverify.adapters.__path__):
-            importlib.import_module(f"tkverify.adapters.{info.name}")
+        adapters = [importlib.import_module(f"tkverify.adapters.{info.name}")
+                    for info in pkgutil.iter_modules(tkverify.adapters.__path__)]
+        # Each adapter registers once every adapter module is imported, so that one spread over several
+        # modules (tile_kernels and its per-family tables) finds them all complete, whatever imported first.
+        for module in adapters:
+            if callable(getattr(module, "register_all", None)):
+                module.register_all()
     extra = [m for m in os.environ.get("TKVERIFY_LOAD", "").split(",") if m]
     if (modules or extra) and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # a user's module beside them, as `python -m` would find it

@@ -664,8 +664,8 @@ def _impl(op: str, target: Callable[..., Any]) -> Impl:
 def family_modules() -> list[Any]:
     """The modules beside this one that map the ops added per family (``tile_kernels_<family>.py``): each
     holds FORWARD and BACKWARD (op -> mapping function) and registers nothing itself, so that every mapping
-    is registered here, a forward before its backward, whatever imported first.  Imported once this
-    module's helpers exist (they import them)."""
+    is registered here, a forward before its backward.  The registry calls `register_all` once it has
+    imported every adapter module, so none of them is half-imported then."""
     import pkgutil
 
     import tkverify.adapters
@@ -676,7 +676,8 @@ def family_modules() -> list[Any]:
 
 
 def register_all() -> list[str]:
-    """Add the tile_kernels implementation to every registered op it maps; returns their names."""
+    """Add the tile_kernels implementation to every registered op it maps (the registry calls it after
+    importing the adapters); returns their names, also kept in `REGISTERED`."""
     from tkverify.specs.moe import WithSfLayout
     from tkverify.specs.quant import ReturningClampedCount
 
@@ -716,7 +717,8 @@ def register_all() -> list[str]:
         if op in backward and registry.get(op).backward is not None:
             registry.register_backward_impl(op, _impl(op, backward[op]))
         done.append(op)
+    REGISTERED[:] = done
     return done
 
 
-REGISTERED = register_all()
+REGISTERED: list[str] = []  # the ops register_all gave a tile_kernels implementation
