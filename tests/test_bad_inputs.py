@@ -31,6 +31,7 @@ so inputs aliasing one another are harmless there.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -525,30 +526,53 @@ def _registered_functions() -> set[str]:
             if not isinstance(target, str) or not target.startswith("kernels."):
                 continue  # a user's own implementation, or a callable: not ours to table
             module, _, attr = target.partition(":")
-            names.add(f"{module.rsplit('.', 1)[1]}.{attr}")
+            names.add(f"{_family(module, attr)}.{attr}")
     return names
 
 
+@functools.lru_cache(maxsize=None)
+def _eager_families() -> dict[str, str]:
+    """attr -> the kernels.torch module defining that public function (its family in a table's key)."""
+    families = {}
+    for info in pkgutil.iter_modules(kernels.torch.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"kernels.torch.{info.name}")
+        for name, obj in vars(module).items():
+            if not name.startswith("_") and callable(obj) and getattr(obj, "__module__", None) == module.__name__:
+                families.setdefault(name, info.name)
+    return families
+
+
+def _family(module: str, attr: str) -> str:
+    """The family a table keys a function by: the kernels.torch module of its eager twin (a TileLang wrapper
+    of kernels.mhc.expand is keyed by kernels.torch.mhc_head's name), else its kernels package."""
+    parts = module.split(".")
+    if parts[1] == "torch":
+        return parts[2]
+    return _eager_families().get(attr.split(".")[0], parts[1])
+
+
 def _kernel_modules():
-    """(family, module) of every kernels module: a family module, or each module of a family package."""
+    """Every kernels module: a family module, or each module of a family package."""
     for package in (kernels, kernels.torch):
         for info in pkgutil.iter_modules(package.__path__):
             if info.name.startswith("_") or info.name in ("precompile", "torch"):
                 continue
             module = importlib.import_module(f"{package.__name__}.{info.name}")
             if not info.ispkg:
-                yield info.name, module
+                yield module
                 continue
             for sub in pkgutil.iter_modules(module.__path__):
                 if not sub.name.startswith("_"):
-                    yield info.name, importlib.import_module(f"{module.__name__}.{sub.name}")
+                    yield importlib.import_module(f"{module.__name__}.{sub.name}")
 
 
 def _public_functions() -> set[str]:
     """family.name of every public callable defined in a kernels module (autograd Functions by .apply)."""
     builders = {d.build for d in kernel_defs().values()}
     names = set()
-    for family, module in _kernel_modules():
+    for module in _kernel_modules():
         for name, obj in vars(module).items():
             if name.startswith("_") or not callable(obj) or getattr(obj, "__module__", None) != module.__name__:
                 continue
@@ -556,7 +580,7 @@ def _public_functions() -> set[str]:
                 continue  # a prim_func builder, reached through its KernelDef; a static-configuration NamedTuple
             if inspect.isclass(obj) and issubclass(obj, torch.autograd.Function):
                 name = f"{name}.apply"
-            names.add(f"{family}.{name}")
+            names.add(f"{_family(module.__name__, name)}.{name}")
     return names
 
 
@@ -572,7 +596,7 @@ def test_every_public_kernel_function_has_a_table():
 
 def _function(impl: str, key: str) -> Callable[..., Any]:
     family, _, attr = key.partition(".")
-    module_name = f"kernels.torch.{family}" if impl == "torch" else f"kernels.{family}"
+    module_name = f"kernels.torch.{family}" if impl == "torch" else _wrapper_module(family, attr)
     if importlib.util.find_spec(module_name) is None:
         pytest.skip(f"{module_name} does not exist (yet)")
     obj = importlib.import_module(module_name)
@@ -583,6 +607,20 @@ def _function(impl: str, key: str) -> Callable[..., Any]:
             pytest.skip(f"{module_name} has no {attr}")
         obj = getattr(obj, part)
     return obj
+
+
+def _wrapper_module(family: str, attr: str) -> str:
+    """The kernels module of the TileLang wrapper keyed family.attr: the one the registry names, else the
+    family's package."""
+    for spec in registry.all_specs():
+        impls = list(spec.impls.values()) + (list(spec.backward.impls.values()) if spec.backward else [])
+        for impl in impls:
+            target = impl.target if isinstance(impl.target, str) else ""
+            module, _, name = target.partition(":")
+            if module.startswith("kernels.") and not module.startswith("kernels.torch") and name == attr \
+                    and _family(module, name) == family:
+                return module
+    return f"kernels.{family}"
 
 
 def _call(table: Table, fn: Callable[..., Any], args: dict[str, Any]):
