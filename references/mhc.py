@@ -1,5 +1,6 @@
 """Float64 oracles of the mHC operators: Sinkhorn (with its backward derived by hand) and the
-three mix operators `pre_split_mixes`, `pre_apply_mix`, `post` (forward only).
+three mix operators `pre_split_mixes`, `pre_apply_mix`, `post` (their backward passes derived by
+hand at the end of the module).
 
 Sinkhorn
 --------
@@ -203,3 +204,149 @@ def post_terms(x: Any, residual: Any, post: Any, comb: Any) -> list[np.ndarray]:
 def post(x: Any, residual: Any, post: Any, comb: Any) -> np.ndarray:  # noqa: A002 - the op's own names
     """out (a, b, m, H), out[..., n, :] = x post[n] + sum_i comb[i, n] residual[i], exactly."""
     return exact_sum(post_terms(x, residual, post, comb), tuple(as_float64(residual).shape))
+
+
+# -- the mix operators' backward passes ----------------------------------------------------
+#
+# Both ops are bilinear, so each gradient is a sum of exact products of an input and the
+# cotangent (docs/contract/mhc.md, the Backward subsections):
+#
+#   pre_apply_mix, out[h] = sum_i x[i, h] mix[i]:
+#       grad_x[i, h] = grad_out[h] mix[i]                 (one term)
+#       grad_mix[i]  = sum_h grad_out[h] x[i, h]          (H terms, reduced over the token's row)
+#   post, out[n, h] = x[h] post[n] + sum_i comb[i, n] residual[i, h]:
+#       grad_x[h]           = sum_n grad_out[n, h] post[n]        (m terms)
+#       grad_residual[i, h] = sum_n comb[i, n] grad_out[n, h]     (m terms)
+#       grad_post[n]        = sum_h grad_out[n, h] x[h]           (H terms)
+#       grad_comb[i, n]     = sum_h residual[i, h] grad_out[n, h] (H terms)
+#
+# The gradient is defined on tokens whose inputs are all finite; on a token with a NaN or an
+# infinity in any input the float64 backward returns 0 for that token's gradients (the judges
+# leave them unconstrained and the gradient checks zero that token's cotangents).
+
+
+def nonfinite_tokens(*tensors: Any) -> np.ndarray:
+    """(a, b) True where any of the (a, b, ...) tensors has a non-finite entry in that token."""
+    arrays = [as_float64(t) for t in tensors]
+    lead = arrays[0].shape[:2]
+    bad = np.zeros(lead, dtype=bool)
+    for a in arrays:
+        bad |= ~np.isfinite(a).all(axis=tuple(range(2, a.ndim)))
+    return bad
+
+
+def _zero_tokens(values: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    return np.where(bad.reshape(bad.shape + (1,) * (values.ndim - 2)), 0.0, values)
+
+
+def pre_apply_mix_bwd_terms(grad_out: Any, x: Any, mix: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(the 1 term of grad_x (a, b, m, H), the H terms of grad_mix (a, b, m, 1)), exact products."""
+    g, x, mix = as_float64(grad_out), as_float64(x), as_float64(mix)
+    if x.ndim != 4 or mix.shape != x.shape[:-1] + (1,) or g.shape != x.shape[:2] + x.shape[3:]:
+        raise ValueError(f"grad_out must be (a, b, H), x (a, b, m, H) and mix (a, b, m, 1), got {g.shape}, "
+                         f"{x.shape} and {mix.shape}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        grad_x_terms = [g[..., None, :] * mix]
+        grad_mix_terms = [x[..., h:h + 1] * g[..., None, h:h + 1] for h in range(x.shape[-1])]
+    return grad_x_terms, grad_mix_terms
+
+
+def pre_apply_mix_bwd(grad_out: Any, x: Any, mix: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(grad_x (a, b, m, H), grad_mix (a, b, m, 1)) in float64, exactly; 0 on tokens with a non-finite input."""
+    gx_terms, gm_terms = pre_apply_mix_bwd_terms(grad_out, x, mix)
+    x, mix = as_float64(x), as_float64(mix)
+    bad = nonfinite_tokens(x, mix)
+    grad_x = exact_sum(gx_terms, x.shape)
+    grad_mix = exact_sum(gm_terms, mix.shape)
+    return _zero_tokens(grad_x, bad), _zero_tokens(grad_mix, bad)
+
+
+def post_bwd_terms(grad_out: Any, x: Any, residual: Any, post: Any, comb: Any) -> dict[str, list[np.ndarray]]:
+    """The exact products summed by each of post's four gradients (names as `post_bwd` returns them)."""
+    g, x, residual, post, comb = (as_float64(t) for t in (grad_out, x, residual, post, comb))
+    post_terms(x, residual, post, comb)  # the shape checks
+    if g.shape != residual.shape:
+        raise ValueError(f"grad_out must have residual's shape {residual.shape}, got {g.shape}")
+    m, hidden = residual.shape[2], residual.shape[3]
+    with np.errstate(invalid="ignore", over="ignore"):
+        return {
+            "grad_x": [g[..., n, :] * post[..., n, :] for n in range(m)],
+            "grad_residual": [comb[..., :, n, None] * g[..., n, None, :] for n in range(m)],
+            "grad_post": [g[..., h:h + 1] * x[..., None, h:h + 1] for h in range(hidden)],
+            "grad_comb": [residual[..., :, None, h] * g[..., None, :, h] for h in range(hidden)],
+        }
+
+
+def post_bwd(grad_out: Any, x: Any, residual: Any, post: Any,  # noqa: A002 - the op's own names
+             comb: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(grad_x (a, b, H), grad_residual (a, b, m, H), grad_post (a, b, m, 1), grad_comb (a, b, m, m)) in
+    float64, exactly; 0 on tokens with a non-finite input."""
+    terms = post_bwd_terms(grad_out, x, residual, post, comb)
+    arrays = [as_float64(t) for t in (x, residual, post, comb)]
+    bad = nonfinite_tokens(*arrays)
+    return tuple(_zero_tokens(exact_sum(terms[name], a.shape), bad)
+                 for name, a in zip(("grad_x", "grad_residual", "grad_post", "grad_comb"), arrays))
+
+
+# -- pre_split_mixes' backward ---------------------------------------------------------------
+#
+# With t = dL/du (docs/contract/mhc.md, mhc.pre_split_mixes, "Backward") and sigmoid'(u) =
+# sigmoid(u) sigmoid(-u):
+#
+#   t[j]          = grad_pre[j] sigmoid'(u[j])                    j in [0, m)
+#   t[m + j]      = grad_post[j] post_mult sigmoid'(u[m + j])     j in [0, m)
+#   t[2m + i m + n] = grad_comb[i, n]                              (comb is u itself)
+#   grad_mixes    = t s                                            per token (a, b, m (m + 2))
+#   grad_scale[k] = sum over tokens and the entries j of segment k of t[j] mixes[j]     (3,)
+#   grad_base[j]  = sum over tokens of t[j]                                             (m (m + 2),)
+#
+# post_mult = 0 makes post the constant 0, so its segment's t is exactly 0 (never 0 / 0).  The
+# gradient is defined on tokens whose mixes are all finite, and on none where scale or base has a
+# non-finite entry; the float64 backward puts t = 0 on the tokens outside (grad_mixes 0 there, and
+# they add nothing to grad_scale and grad_base).
+
+
+def split_outside_tokens(mixes: Any, scale: Any, base: Any) -> np.ndarray:
+    """(a, b) True for tokens outside pre_split_mixes' gradient domain (see above)."""
+    mixes = as_float64(mixes)
+    bad = ~np.isfinite(mixes).all(axis=-1)
+    if not (np.isfinite(as_float64(scale)).all() and np.isfinite(as_float64(base)).all()):
+        bad[...] = True
+    return bad
+
+
+def pre_split_mixes_slopes(grad_pre: Any, grad_post: Any, grad_comb: Any, mixes: Any, scale: Any, base: Any,
+                           m: int, post_mult: float) -> np.ndarray:
+    """t = dL/du (a, b, m (m + 2)) in float64, 0 on tokens outside the domain."""
+    from references.mhc_head import sigmoid_slope  # imported here: references.mhc_head imports this module
+
+    u = mix_logits(mixes, scale, base, m)
+    lead = u.shape[:-1]
+    g_pre, g_post, g_comb = (as_float64(t) for t in (grad_pre, grad_post, grad_comb))
+    if g_pre.shape != lead + (m, 1) or g_post.shape != lead + (m, 1) or g_comb.shape != lead + (m, m):
+        raise ValueError(f"grad_pre, grad_post must be {lead + (m, 1)} and grad_comb {lead + (m, m)}, got "
+                         f"{g_pre.shape}, {g_post.shape} and {g_comb.shape}")
+    with np.errstate(invalid="ignore", over="ignore"):
+        t = np.concatenate([g_pre.reshape(lead + (m,)) * sigmoid_slope(u[..., :m]),
+                            g_post.reshape(lead + (m,)) * float(post_mult) * sigmoid_slope(u[..., m:2 * m]),
+                            g_comb.reshape(lead + (m * m,))], axis=-1)
+    return np.where(split_outside_tokens(mixes, scale, base)[..., None], 0.0, t)
+
+
+def pre_split_mixes_bwd(grad_pre: Any, grad_post: Any, grad_comb: Any, mixes: Any, scale: Any, base: Any, m: int,
+                        post_mult: float, pre_eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grad_mixes (a, b, m (m + 2)), grad_scale (3,), grad_base (m (m + 2),)) in float64; the sums over
+    tokens correctly rounded.  pre_eps does not enter (pre's offset has no gradient)."""
+    from references.mhc_head import _sum  # imported here: references.mhc_head imports this module
+
+    t = pre_split_mixes_slopes(grad_pre, grad_post, grad_comb, mixes, scale, base, m, post_mult)
+    outside = split_outside_tokens(mixes, scale, base)[..., None]
+    x = np.where(outside, 0.0, as_float64(mixes))
+    width = m * (m + 2)
+    with np.errstate(invalid="ignore"):
+        grad_mixes = np.where(outside, 0.0, t * mix_scales(scale, m))
+    products = (t * x).reshape(-1, width)
+    bounds = (0, m, 2 * m, width)
+    grad_scale = np.array([_sum(products[:, lo:hi].reshape(-1)) for lo, hi in zip(bounds, bounds[1:])])
+    grad_base = np.array([_sum(column) for column in t.reshape(-1, width).T])
+    return grad_mixes, grad_scale, grad_base

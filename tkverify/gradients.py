@@ -439,7 +439,8 @@ def _halfwidth(expected: Any, actual: torch.Tensor) -> torch.Tensor:
         exact = np.asarray(expected.exact, dtype=np.float64)
         low = np.broadcast_to(np.asarray(expected.low, dtype=np.float64), exact.shape)
         high = np.broadcast_to(np.asarray(expected.high, dtype=np.float64), exact.shape)
-        width = np.maximum(high - exact, exact - low)
+        with np.errstate(invalid="ignore"):  # an infinite exact value at an infinite end: inf - inf, unbounded
+            width = np.maximum(high - exact, exact - low)
         return torch.from_numpy(np.where(np.isfinite(width), width, np.inf))
     if isinstance(actual, torch.Tensor) and actual.dtype in (torch.float32, torch.bfloat16, torch.float16):
         fmt = formats.of_dtype(actual.dtype)

@@ -58,6 +58,33 @@ all -inf) makes the whole matrix NaN, as in the oracle.
              + sum_i comb[..., i, n] residual[..., i, :], accumulated in fp32
              and rounded once to bf16
 
+``pre_apply_mix_bwd(grad_out, x, mix) -> (grad_x, grad_mix)``
+    grad_out bf16 (a, b, H), contiguous, on x's device; x and mix as for pre_apply_mix
+    grad_x   bf16 (a, b, m, H) = grad_out[..., None, :] mix[..., i, 0], one fp32 product rounded to bf16
+    grad_mix fp32 (a, b, m, 1) = sum_h grad_out[..., h] x[..., i, h], per token, accumulated in fp32
+
+``post_bwd(grad_out, x, residual, post, comb) -> (grad_x, grad_residual, grad_post, grad_comb)``
+    grad_out bf16 (a, b, m, H), contiguous, on x's device; the rest as for post
+    grad_x        bf16 (a, b, H)    = sum_n grad_out[..., n, :] post[..., n, 0]
+    grad_residual bf16 (a, b, m, H) = sum_n comb[..., i, n] grad_out[..., n, :]
+    grad_post     fp32 (a, b, m, 1) = sum_h grad_out[..., n, h] x[..., h]
+    grad_comb     fp32 (a, b, m, m) = sum_h residual[..., i, h] grad_out[..., n, h]
+    every sum accumulated in fp32; the per-token sums over H are not reduced over tokens
+
+``pre_split_mixes_bwd(grad_pre, grad_post, grad_comb, mixes, scale, base, m, post_mult, pre_eps)
+-> (grad_mixes, grad_scale, grad_base)``
+    grad_pre, grad_post fp32 (a, b, m, 1), grad_comb fp32 (a, b, m, m): contiguous, on mixes' device;
+    the rest as for pre_split_mixes.  With t = dL/du per entry: grad_pre sigmoid'(u), grad_post
+    post_mult sigmoid'(u) (exactly 0 for post_mult = 0), grad_comb itself, and sigmoid' = s (1 - s):
+    grad_mixes fp32 (a, b, m (m + 2)) = t * s
+    grad_scale fp32 (3,)             = per segment, the sum over tokens and its entries of t * mixes
+    grad_base  fp32 (m (m + 2),)     = the sum over tokens of t
+    the sums over tokens accumulated in fp32 (0 for an empty batch)
+
+pre_apply_mix, post and their backward passes also accept every tensor in float64 and then compute
+and return float64 (as Sinkhorn does; not part of the kernel contract: it lets the gradient
+consistency check differentiate these formulas in float64).
+
 The mix ops follow IEEE arithmetic on their values (NaN and infinities
 propagate, inf * 0 is NaN) and do not flush subnormals.  Here they are
 written term by term (m is at most 8), never as a matmul, so that no TF32 or
@@ -247,30 +274,39 @@ def _check_pre_split_mixes_args(mixes, scale, base, m, post_mult, pre_eps) -> tu
     return m, post_mult, pre_eps
 
 
-def _check_pre_apply_mix_args(x, mix) -> None:
-    """pre_apply_mix's argument checks (every implementation's)."""
-    _check_tensor("x", x, (torch.bfloat16,))
+def _mix_dtypes(x: object, allow_float64: bool) -> tuple[tuple[torch.dtype, ...], tuple[torch.dtype, ...]]:
+    """(x's dtypes, the fp32 weights' dtypes): bf16 and fp32, or all float64 where `allow_float64` and x is."""
+    if allow_float64 and isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+        return (torch.float64,), (torch.float64,)
+    return (torch.bfloat16,), (torch.float32,)
+
+
+def _check_pre_apply_mix_args(x, mix, allow_float64: bool = False) -> None:
+    """pre_apply_mix's argument checks (every implementation's; `allow_float64`: the eager code's)."""
+    data, weights = _mix_dtypes(x, allow_float64)
+    _check_tensor("x", x, data)
     if x.dim() != 4 or x.shape[-1] < 1:
         raise ValueError(f"x must have shape (a, b, m, H) with H >= 1, got {tuple(x.shape)}")
     _check_m("x", x.shape[2])
-    _check_tensor("mix", mix, (torch.float32,), x.device)
+    _check_tensor("mix", mix, weights, x.device)
     _check_shape("mix", mix, tuple(x.shape[:3]) + (1,), "(a, b, m, 1)")
 
 
-def _check_post_args(x, residual, post, comb) -> int:
-    """post's argument checks (every implementation's); returns m."""
-    _check_tensor("x", x, (torch.bfloat16,))
+def _check_post_args(x, residual, post, comb, allow_float64: bool = False) -> int:
+    """post's argument checks (every implementation's; `allow_float64`: the eager code's); returns m."""
+    data, weights = _mix_dtypes(x, allow_float64)
+    _check_tensor("x", x, data)
     if x.dim() != 3 or x.shape[-1] < 1:
         raise ValueError(f"x must have shape (a, b, H) with H >= 1, got {tuple(x.shape)}")
-    _check_tensor("residual", residual, (torch.bfloat16,), x.device)
+    _check_tensor("residual", residual, data, x.device)
     if residual.dim() != 4:
         raise ValueError(f"residual must have shape (a, b, m, H), got {tuple(residual.shape)}")
     _check_m("residual", residual.shape[2])
     a, b, m, hidden = residual.shape
     _check_shape("residual", residual, (*x.shape[:2], m, x.shape[2]), "(a, b, m, H) with x's a, b, H")
-    _check_tensor("post", post, (torch.float32,), x.device)
+    _check_tensor("post", post, weights, x.device)
     _check_shape("post", post, (a, b, m, 1), "(a, b, m, 1)")
-    _check_tensor("comb", comb, (torch.float32,), x.device)
+    _check_tensor("comb", comb, weights, x.device)
     _check_shape("comb", comb, (a, b, m, m), "(a, b, m, m)")
     return m
 
@@ -291,19 +327,99 @@ def pre_split_mixes(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor
 
 def pre_apply_mix(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
     """out (a, b, H) bf16 = sum_i x[..., i, :] mix[..., i, 0] in fp32; see the module docstring."""
-    _check_pre_apply_mix_args(x, mix)
+    _check_pre_apply_mix_args(x, mix, allow_float64=True)
+    work, result = _precisions(x)
     with torch.no_grad():
-        acc = x[..., 0, :].float() * mix[..., 0, :]
+        acc = x[..., 0, :].to(work) * mix[..., 0, :]
         for i in range(1, x.shape[2]):
-            acc = acc + x[..., i, :].float() * mix[..., i, :]
-        return acc.to(torch.bfloat16)
+            acc = acc + x[..., i, :].to(work) * mix[..., i, :]
+        return acc.to(result)
 
 
 def post(x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """out (a, b, m, H) bf16 = x post[n] + sum_i comb[i, n] residual[i] in fp32; see the module docstring."""
-    m = _check_post_args(x, residual, post, comb)
+    m = _check_post_args(x, residual, post, comb, allow_float64=True)
+    work, result = _precisions(x)
     with torch.no_grad():
-        acc = x.float()[..., None, :] * post
+        acc = x.to(work)[..., None, :] * post
         for i in range(m):
-            acc = acc + comb[..., i, :, None] * residual[..., i, None, :].float()
-        return acc.to(torch.bfloat16)
+            acc = acc + comb[..., i, :, None] * residual[..., i, None, :].to(work)
+        return acc.to(result)
+
+
+def _precisions(x: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(accumulation, bf16 results' dtype): fp32 and bf16, or float64 throughout for float64 inputs."""
+    return (torch.float64, torch.float64) if x.dtype == torch.float64 else (torch.float32, torch.bfloat16)
+
+
+def _check_grad_out(grad_out: object, x: torch.Tensor, shape: tuple[int, ...], what: str) -> None:
+    _check_tensor("grad_out", grad_out, (torch.bfloat16,) if x.dtype != torch.float64 else (torch.float64,), x.device)
+    _check_shape("grad_out", grad_out, shape, what)
+
+
+def pre_apply_mix_bwd(grad_out: torch.Tensor, x: torch.Tensor, mix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x bf16 (a, b, m, H), grad_mix fp32 (a, b, m, 1)); see the module docstring."""
+    _check_pre_apply_mix_args(x, mix, allow_float64=True)
+    _check_grad_out(grad_out, x, tuple(x.shape[:2]) + (x.shape[3],), "(a, b, H)")
+    work, result = _precisions(x)
+    with torch.no_grad():
+        g = grad_out.to(work)[..., None, :]
+        grad_x = (g * mix).to(result)
+        grad_mix = (g * x.to(work)).sum(-1, keepdim=True)
+        return grad_x, grad_mix
+
+
+def post_bwd(grad_out: torch.Tensor, x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor,
+             comb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_x bf16, grad_residual bf16, grad_post fp32, grad_comb fp32); see the module docstring."""
+    m = _check_post_args(x, residual, post, comb, allow_float64=True)
+    _check_grad_out(grad_out, x, tuple(residual.shape), "(a, b, m, H)")
+    work, result = _precisions(x)
+    with torch.no_grad():
+        g = grad_out.to(work)
+        grad_x = g[..., 0, :] * post[..., 0, :]
+        grad_residual = comb[..., :, 0, None] * g[..., 0, None, :]
+        for n in range(1, m):
+            grad_x = grad_x + g[..., n, :] * post[..., n, :]
+            grad_residual = grad_residual + comb[..., :, n, None] * g[..., n, None, :]
+        grad_post = (g * x.to(work)[..., None, :]).sum(-1, keepdim=True)
+        grad_comb = (residual.to(work)[..., :, None, :] * g[..., None, :, :]).sum(-1)
+        return grad_x.to(result), grad_residual.to(result), grad_post, grad_comb
+
+
+def _check_split_grads(grad_pre, grad_post, grad_comb, mixes: torch.Tensor, m: int) -> None:
+    lead = tuple(mixes.shape[:2])
+    for name, grad, shape, what in (("grad_pre", grad_pre, lead + (m, 1), "(a, b, m, 1)"),
+                                    ("grad_post", grad_post, lead + (m, 1), "(a, b, m, 1)"),
+                                    ("grad_comb", grad_comb, lead + (m, m), "(a, b, m, m)")):
+        _check_tensor(name, grad, (torch.float32,), mixes.device, "mixes")
+        _check_shape(name, grad, shape, what)
+
+
+def _check_pre_split_mixes_bwd_args(grad_pre, grad_post, grad_comb, mixes, scale, base, m, post_mult,
+                                    pre_eps) -> tuple[int, float]:
+    """pre_split_mixes_bwd's argument checks (every implementation's): (m, post_mult)."""
+    m, post_mult, _ = _check_pre_split_mixes_args(mixes, scale, base, m, post_mult, pre_eps)
+    _check_split_grads(grad_pre, grad_post, grad_comb, mixes, m)
+    return m, post_mult
+
+
+def pre_split_mixes_bwd(grad_pre: torch.Tensor, grad_post: torch.Tensor, grad_comb: torch.Tensor,
+                        mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, m: int, post_mult: float,
+                        pre_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_mixes fp32 (a, b, m (m + 2)), grad_scale fp32 (3,), grad_base fp32 (m (m + 2),)); see the module
+    docstring."""
+    m, post_mult = _check_pre_split_mixes_bwd_args(grad_pre, grad_post, grad_comb, mixes, scale, base, m, post_mult,
+                                                   pre_eps)
+    width = m * (m + 2)
+    with torch.no_grad():
+        s = scale.repeat_interleave(torch.tensor([m, m, m * m], device=scale.device))
+        u = mixes * s + base
+        sg = torch.sigmoid(u[..., :2 * m])
+        slope = sg * (1 - sg)
+        lead = tuple(mixes.shape[:2])
+        t = torch.cat([grad_pre.reshape(*lead, m) * slope[..., :m], grad_post.reshape(*lead, m) * post_mult
+                       * slope[..., m:], grad_comb.reshape(*lead, m * m)], -1)
+        products = (t * mixes).reshape(-1, width)
+        grad_scale = torch.stack([products[:, :m].sum(), products[:, m:2 * m].sum(), products[:, 2 * m:].sum()])
+        return (t * s).contiguous(), grad_scale, t.reshape(-1, width).sum(0)

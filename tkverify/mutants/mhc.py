@@ -1,4 +1,6 @@
-"""Mutants of the mHC operators (docs/contract/mhc.md): Sinkhorn, post and pre_split_mixes.
+"""Mutants of the mHC operators (docs/contract/mhc.md): Sinkhorn, post and pre_split_mixes, and the
+backward passes of pre_apply_mix and post (models: row i's grad_mix written to row i + 1; post's
+backward called with comb transposed).
 
 The two mix-op mutants are models (any implementation, on perturbed inputs):
 "comb transposed" is post called with comb's (m, m) blocks transposed, which
@@ -88,6 +90,25 @@ def scale1_on_comb(impl: Callable[..., Any]) -> Callable[..., Any]:
     return broken
 
 
+def apply_mix_grad_rows_shifted(impl_bwd: Callable[..., Any]) -> Callable[..., Any]:
+    """pre_apply_mix's backward writing row i's grad_mix into row i + 1 (mod m)."""
+
+    def broken(grad_out: Any, x: Any, mix: Any) -> Any:
+        grad_x, grad_mix = impl_bwd(grad_out, x, mix)
+        return grad_x, grad_mix.roll(1, dims=2)
+
+    return broken
+
+
+def post_bwd_comb_transposed(impl_bwd: Callable[..., Any]) -> Callable[..., Any]:
+    """post's backward reading comb[n, i] for comb[i, n] (grad_residual mixes the wrong cotangent rows)."""
+
+    def broken(grad_out: Any, x: Any, residual: Any, post: Any, comb: Any) -> Any:
+        return impl_bwd(grad_out, x, residual, post, comb.transpose(-1, -2).contiguous())
+
+    return broken
+
+
 _NO_MODEL = "eager only: a compiled kernel's normalisation sweep cannot be edited from Python"
 
 MUTANTS = [
@@ -101,6 +122,12 @@ MUTANTS = [
            eager=backward_missing_step, note=_NO_MODEL),
     Mutant("post_comb_transposed", "mhc.post", "post mixes the residual rows with comb[n, i] instead of comb[i, n]",
            model=comb_transposed),
+    Mutant("pre_apply_mix_backward_grad_mix_rows_shifted", "mhc.pre_apply_mix",
+           "the pre_apply_mix backward writes row i's grad_mix into row i + 1", backward=True,
+           model=apply_mix_grad_rows_shifted),
+    Mutant("post_backward_comb_transposed", "mhc.post",
+           "the post backward mixes the cotangent rows with comb[n, i] instead of comb[i, n]", backward=True,
+           model=post_bwd_comb_transposed),
     Mutant("pre_split_scale1_on_comb", "mhc.pre_split_mixes",
            "pre_split_mixes applies scale[1] (the post block's) to the comb block", model=scale1_on_comb),
 ]
