@@ -71,7 +71,8 @@ MODULE = "tile_kernels"
 RAW_ENV = "TKVERIFY_TK_RAW"
 KNOWN = {1: "1.0.0", 2: "2.1.0"}  # the release of each API generation the adapter was written against
 
-# What each generation lacks, per op (absent: offered).
+# What each generation lacks, per op (absent: offered); a per-family module (`family_modules`) adds its
+# own ops' in a MISSING of the same shape.
 _GONE_IN_2 = ("tile-kernels 2.x dropped group_count, get_fused_mapping, expand_to_fused(_with_sf) and "
               "reduce_fused from tile_kernels.moe")
 MISSING: dict[int, dict[str, str]] = {
@@ -119,6 +120,8 @@ def missing_reason(op: str, version: str | None) -> str | None:
         return (f"tile-kernels {version} is not a release this adapter maps "
                 f"(it knows the APIs of {', '.join(KNOWN.values())})")
     why = MISSING[gen].get(op)
+    for module in family_modules():  # the per-family tables name what their ops lack, in the same shape
+        why = why or getattr(module, "MISSING", {}).get(gen, {}).get(op)
     return f"tile-kernels {version} lacks {op}: {why}" if why else None
 
 
