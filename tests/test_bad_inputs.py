@@ -457,11 +457,14 @@ ENGRAM = {
 
 # -- mhc, mhc_head, mhc_fused ----------------------------------------------------------------------------
 
-# The mHC tables live in tests/bad_inputs_mhc.py, which reads the helpers above (hence the import here).
+# The mHC tables live in tests/bad_inputs_mhc.py, the later quantisation ones in tests/bad_inputs_quant.py;
+# both read the helpers above (hence the imports here).
 from bad_inputs_mhc import MHC, MHC_FUSED, MHC_HEAD  # noqa: E402
+from bad_inputs_quant import QUANT_SWIGLU  # noqa: E402
 
 TABLES: dict[str, Table] = {f"{family}.{name}": table for family, tables in
-                            (("moe", MOE), ("moe_groups", MOE_GROUPS), ("quant", QUANT), ("transpose", TRANSPOSE),
+                            (("moe", MOE), ("moe_groups", MOE_GROUPS), ("quant", QUANT), ("quant_swiglu", QUANT_SWIGLU),
+                             ("transpose", TRANSPOSE),
                              ("engram", ENGRAM), ("mhc", MHC), ("mhc_head", MHC_HEAD), ("mhc_fused", MHC_FUSED))
                             for name, table in tables.items()}
 

@@ -1,0 +1,92 @@
+"""The bad-argument tables of the quantisation functions beyond the first casts (family quant_swiglu: the
+plain SwiGLU and its fused casts; quant_norm: RMSNorm and its cast).
+
+tests/test_bad_inputs.py defines how a table is written (`Table`, `Bad` and the argument editors) and runs
+every table; this module only holds these, which it imports from there, and test_bad_inputs.py merges them
+into its `TABLES`.  pytest imports test_bad_inputs.py first (this module's name does not start with
+``test_``), so the helpers exist by the time this module reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from test_bad_inputs import (CLAMP_MIN_BAD, FMT_BAD, NON_FINITE_OR_NOT_POSITIVE, OPTION_COMBINATIONS, SF_OPTIONS, Bad, Table,
+                             _gen, _put, _set, _x)
+
+SWIGLU_PLAIN_POS = torch.tensor([0, 3, -1, 5, 1, 7, 2, 6], dtype=torch.int32)
+
+
+def _swiglu_plain_base() -> dict[str, Any]:
+    return {"x": _x(8, 64, torch.float32), "fmt": "bf16", "topk_weights": torch.rand(4, 2, generator=_gen(5)),
+            "pos_to_token_topk": SWIGLU_PLAIN_POS.clone(), "clamp": 0.5}
+
+
+def _swiglu_plain_bwd_base() -> dict[str, Any]:
+    return {"grad_out": _x(8, 32), **_swiglu_plain_base()}
+
+
+def _swiglu_bwd_cast_base() -> dict[str, Any]:
+    return {"x": _x(8, 128, torch.float32).to(torch.float8_e4m3fn),
+            "x_sf": torch.rand(8, 4, generator=_gen(6)) + 0.5, "grad_out": _x(8, 64), "fmt": "e4m3",
+            "num_per_channels": 32,
+            "topk_weights": torch.rand(4, 2, generator=_gen(7)), "pos_to_token_topk": SWIGLU_PLAIN_POS.clone(),
+            "clamp": 0.5, "round_sf": False, "use_ue8m0": False, "use_packed_ue8m0": False,
+            "use_tma_aligned_col_major_sf": False, "clamp_min": None}
+
+
+SWIGLU_ROUTING_BAD = (
+    Bad("weights-without-pos", "topk_weights", ValueError, _put("pos_to_token_topk", None)),
+    Bad("pos-other-length", "pos_to_token_topk", ValueError, _set("pos_to_token_topk", lambda t: t[:7])),
+    Bad("pos-past-the-slots", "pos_to_token_topk", ValueError,
+        _set("pos_to_token_topk", lambda t: torch.where(t == 7, 8, t))),
+    Bad("pos-below-minus-one", "pos_to_token_topk", ValueError,
+        _set("pos_to_token_topk", lambda t: torch.where(t == -1, -2, t))),
+)
+PLAIN_FMT_BAD = (
+    Bad("fmt-not-a-str", "fmt", TypeError, _put("fmt", 1)),
+    Bad("fmt-e4m3", "fmt", ValueError, _put("fmt", "e4m3")),
+)
+
+QUANT_SWIGLU = {
+    "swiglu": Table(
+        base=_swiglu_plain_base,
+        tensors={"x": torch.float16, "topk_weights": torch.float64, "pos_to_token_topk": torch.int64},
+        reference="x", any_strides=("pos_to_token_topk",), floats={"clamp": NON_FINITE_OR_NOT_POSITIVE},
+        extra=PLAIN_FMT_BAD + SWIGLU_ROUTING_BAD + (
+            Bad("x-odd-columns", "x", ValueError, _set("x", lambda t: t[:, :63])),)),
+    "swiglu_bwd": Table(
+        base=_swiglu_plain_bwd_base,
+        tensors={"grad_out": torch.float16, "x": torch.float16, "topk_weights": torch.float64,
+                 "pos_to_token_topk": torch.int64},
+        reference="x", any_strides=("pos_to_token_topk",), floats={"clamp": NON_FINITE_OR_NOT_POSITIVE},
+        extra=PLAIN_FMT_BAD + SWIGLU_ROUTING_BAD + (
+            Bad("x-odd-columns", "x", ValueError, _set("x", lambda t: t[:, :63])),
+            Bad("grad_out-other-columns", "grad_out", ValueError, _set("grad_out", lambda t: t[:, :31])),
+            Bad("grad_out-other-rows", "grad_out", ValueError, _set("grad_out", lambda t: t[:7])))),
+    "swiglu_backward_and_per_token_cast": Table(
+        base=_swiglu_bwd_cast_base,
+        tensors={"x": torch.bfloat16, "x_sf": torch.float64, "grad_out": torch.float16,
+                 "topk_weights": torch.float64, "pos_to_token_topk": torch.int64},
+        reference="x", any_strides=("pos_to_token_topk",), ints={"num_per_channels": (48, 0)},
+        floats={"clamp": NON_FINITE_OR_NOT_POSITIVE, "clamp_min": CLAMP_MIN_BAD}, bools=SF_OPTIONS,
+        extra=FMT_BAD + OPTION_COMBINATIONS + SWIGLU_ROUTING_BAD + (
+            Bad("x-odd-columns", "x", ValueError, _set("x", lambda t: t[:, :127])),
+            Bad("x_sf-other-columns", "x_sf", ValueError, _set("x_sf", lambda t: t[:, :3])),
+            Bad("x_sf-other-rows", "x_sf", ValueError, _set("x_sf", lambda t: t[:7])),
+            Bad("grad_out-other-columns", "grad_out", ValueError, _set("grad_out", lambda t: t[:, :63])),
+            Bad("e5m6-two-blocks-a-row", "num_per_channels", ValueError, _put("fmt", "e5m6")))),
+}
+
+QUANT_SWIGLU["swiglu_forward_and_per_channel_cast_and_transpose"] = Table(
+    base=lambda: {"x": _x(40, 64, torch.float32), "fmt": "e4m3", "num_per_tokens": 32, "clamp": 0.5,
+                  "transpose": True, "round_sf": False, "use_ue8m0": False, "use_packed_ue8m0": False,
+                  "use_tma_aligned_col_major_sf": False, "clamp_min": None},
+    tensors={"x": torch.float16}, reference="x", ints={"num_per_tokens": (48, 0)},
+    floats={"clamp": NON_FINITE_OR_NOT_POSITIVE, "clamp_min": CLAMP_MIN_BAD}, bools=SF_OPTIONS + ("transpose",),
+    extra=OPTION_COMBINATIONS + (
+        Bad("fmt-not-a-str", "fmt", TypeError, _put("fmt", 1)),
+        Bad("fmt-e2m1", "fmt", ValueError, _put("fmt", "e2m1")),
+        Bad("x-odd-columns", "x", ValueError, _set("x", lambda t: t[:, :63]))))
