@@ -9,12 +9,13 @@ into its `TABLES`.  pytest imports test_bad_inputs.py first (this module's name 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from test_bad_inputs import (CLAMP_MIN_BAD, FMT_BAD, NON_FINITE_OR_NOT_POSITIVE, OPTION_COMBINATIONS, SF_OPTIONS, Bad, Table,
-                             _gen, _put, _set, _x)
+                             _gen, _put, _set, _with, _x)
 
 SWIGLU_PLAIN_POS = torch.tensor([0, 3, -1, 5, 1, 7, 2, 6], dtype=torch.int32)
 
@@ -90,3 +91,56 @@ QUANT_SWIGLU["swiglu_forward_and_per_channel_cast_and_transpose"] = Table(
         Bad("fmt-not-a-str", "fmt", TypeError, _put("fmt", 1)),
         Bad("fmt-e2m1", "fmt", ValueError, _put("fmt", "e2m1")),
         Bad("x-odd-columns", "x", ValueError, _set("x", lambda t: t[:, :63]))))
+
+
+# -- quant_norm -----------------------------------------------------------------------------------------
+
+
+def _norm_inputs() -> dict[str, Any]:
+    g = _gen(11)
+    return {"x": torch.randn(3, 16, generator=g).bfloat16(), "weight": torch.randn(16, generator=g).bfloat16(),
+            "residual": torch.randn(3, 16, generator=g).bfloat16(), "eps": 1e-6, "out_scale": 1.0}
+
+
+def _norm_bwd_inputs() -> dict[str, Any]:
+    from kernels.torch.quant_norm import norm
+
+    args = _norm_inputs()
+    _, rstd, norm_input = norm(**args)
+    g = _gen(12)
+    return {"grad_out": torch.randn(3, 16, generator=g).bfloat16(),
+            "grad_norm_input": torch.randn(3, 16, generator=g).bfloat16(), **args, "rstd": rstd,
+            "norm_input": norm_input}
+
+
+NORM_FLOATS = {"eps": NON_FINITE_OR_NOT_POSITIVE, "out_scale": (math.nan, math.inf, -math.inf)}
+QUANT_NORM = {
+    "norm": Table(
+        base=_norm_inputs,
+        tensors={"x": torch.float64, "weight": torch.float32, "residual": torch.float16}, reference="x",
+        floats=NORM_FLOATS,
+        extra=(Bad("x-no-columns", "x", ValueError, _with(x=torch.zeros(3, 0, dtype=torch.bfloat16),
+                                                           weight=torch.zeros(0, dtype=torch.bfloat16),
+                                                           residual=torch.zeros(3, 0, dtype=torch.bfloat16))),
+               Bad("weight-other-H", "weight", ValueError, _set("weight", lambda t: t[:8])),
+               Bad("residual-other-tokens", "residual", ValueError, _set("residual", lambda t: t[:2])))),
+    "norm_bwd": Table(
+        base=_norm_bwd_inputs,
+        tensors={"grad_out": torch.float32, "grad_norm_input": torch.float16, "x": torch.float64,
+                 "weight": torch.float32, "residual": torch.float16, "rstd": torch.bfloat16,
+                 "norm_input": torch.float32},
+        reference="x", floats=NORM_FLOATS, any_strides=("rstd",),
+        extra=(Bad("grad_out-other-H", "grad_out", ValueError, _set("grad_out", lambda t: t[:, :8])),
+               Bad("grad_norm_input-other-tokens", "grad_norm_input", ValueError,
+                   _set("grad_norm_input", lambda t: t[:2])),
+               Bad("rstd-other-tokens", "rstd", ValueError, _set("rstd", lambda t: t[:2])),
+               Bad("norm_input-other-H", "norm_input", ValueError, _set("norm_input", lambda t: t[:, :8])))),
+}
+
+QUANT_NORM["norm_forward_and_per_token_cast"] = Table(
+    base=lambda: {**_norm_inputs(), "fmt": "e4m3", "num_per_channels": 16},
+    tensors={"x": torch.float64, "weight": torch.float32, "residual": torch.float16}, reference="x",
+    floats=NORM_FLOATS,
+    extra=(Bad("fmt-unknown", "fmt", ValueError, _put("fmt", "e3m4")),
+           Bad("num_per_channels-not-dividing-H", "num_per_channels", ValueError, _put("num_per_channels", 3)),
+           Bad("residual-other-tokens", "residual", ValueError, _set("residual", lambda t: t[:2]))))

@@ -460,11 +460,11 @@ ENGRAM = {
 # The mHC tables live in tests/bad_inputs_mhc.py, the later quantisation ones in tests/bad_inputs_quant.py;
 # both read the helpers above (hence the imports here).
 from bad_inputs_mhc import MHC, MHC_FUSED, MHC_HEAD  # noqa: E402
-from bad_inputs_quant import QUANT_SWIGLU  # noqa: E402
+from bad_inputs_quant import QUANT_NORM, QUANT_SWIGLU  # noqa: E402
 
 TABLES: dict[str, Table] = {f"{family}.{name}": table for family, tables in
                             (("moe", MOE), ("moe_groups", MOE_GROUPS), ("quant", QUANT), ("quant_swiglu", QUANT_SWIGLU),
-                             ("transpose", TRANSPOSE),
+                             ("quant_norm", QUANT_NORM), ("transpose", TRANSPOSE),
                              ("engram", ENGRAM), ("mhc", MHC), ("mhc_head", MHC_HEAD), ("mhc_fused", MHC_FUSED))
                             for name, table in tables.items()}
 
