@@ -6,7 +6,7 @@ and ``transpose(x (M, N)) -> (N, M)``.  Elements are moved as raw integer bits
 -0.0 and fp8 codes survive unchanged.  B, M and N are symbolic sizes; the
 static configuration is the element width plus the choice of variant:
 
-* vectorized (M and N multiples of V = 16 / width, 16-byte aligned data):
+* vectorized (M and N multiples of V = 16 / width, x's rows and y 16-byte aligned):
   each block stages a square tile (128 x 128 bytes for 1-byte elements, 64 x 64
   elements otherwise) in shared memory.  Global loads are 16-byte vectors of
   V elements along the contiguous axis; so are the stores as written, but
@@ -21,6 +21,12 @@ static configuration is the element width plus the choice of variant:
 * scalar (any M and N): a 64 x 64 tile, one element per access, the shared
   rows padded to an odd number of 32-bit words so that column reads are free
   of bank conflicts.  Every element access is guarded.
+
+x is read in place at any row and batch strides (its last dimension contiguous): every variant
+takes x as one flat span and its two strides as runtime arguments, so a contiguous and a strided
+x run the same compiled configuration; the vectorized ones write the index as whole vectors times
+V plus the column (`_x_vector_index`), which keeps their 16-byte loads.  A layout whose rows do
+not start on 16-byte boundaries takes the scalar variant.  y is always contiguous.
 
 Both variants guard every global access explicitly (tail tiles are not
 legalised by the compiler: its safe-memory pass is disabled because it would
@@ -71,7 +77,7 @@ import torch
 
 from . import _tilelang
 from .torch import transpose as eager
-from .torch._checks import check_dense_rows
+from .torch._checks import rows_aligned, span_view
 from ._tilelang import KernelDef, tuning_only
 
 THREADS = 256
@@ -173,6 +179,14 @@ def tile_shape(config: TransposeConfig) -> tuple[int, int]:
     return config.tile_m or side, config.tile_n or side
 
 
+def _x_vector_index(T, vec: int, b, row, batch_stride, row_stride, column):
+    """Flat index of x's element (b, row, column) at these strides (elements, multiples of `vec`), in a
+    form whose alignment the vectorizer sees: (b * batch_stride / vec + row * row_stride / vec) * vec +
+    column, column a vector's first element plus its lane."""
+    vectors = T.Cast("int64", b) * (batch_stride // vec) + T.Cast("int64", row) * (row_stride // vec)
+    return vectors * vec + column
+
+
 def _build_vectorized(dtype: str):
     T = _tilelang.T()
     width = WIDTH_OF[dtype]
@@ -182,16 +196,19 @@ def _build_vectorized(dtype: str):
     passes = tile * chunks_per_row // THREADS
     # Phase 2 gives each warp 4 output rows x 8 consecutive chunks.
     chunk_groups_per_row = chunks_per_row // 8
-    # M and N are declared as multiples of `vec`, which lets the compiler
-    # prove that every vector access is aligned.
-    batch, m_chunks, n_chunks = T.dynamic("batch, m_chunks, n_chunks")
+    # M and N are declared as multiples of `vec`, and x's element (b, i, j) is at
+    # vector b * x_batch_stride / vec + i * x_row_stride / vec, element j (`_x_vector_index`), which
+    # lets the compiler prove that every vector access is aligned.
+    batch, m_chunks, n_chunks, x_span = T.dynamic("batch, m_chunks, n_chunks, x_span")
     rows = m_chunks * vec
     cols = n_chunks * vec
 
     @T.prim_func
     def batched_transpose_vectorized(
-        x: T.Tensor((batch, m_chunks * vec, n_chunks * vec), dtype),
+        x: T.Tensor((x_span,), dtype),
         y: T.Tensor((batch, n_chunks * vec, m_chunks * vec), dtype),
+        x_batch_stride: T.int64,
+        x_row_stride: T.int64,
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
         tiles_m = T.ceildiv(rows, tile)
@@ -211,7 +228,8 @@ def _build_vectorized(dtype: str):
                 c = (p * THREADS + tx) % chunks_per_row
                 if tm * tile + r < rows and tn * tile + c * vec < cols:
                     for v in T.vectorized(vec):
-                        staged[r * tile + (c ^ (r // vec)) * vec + v] = x[b, tm * tile + r, tn * tile + c * vec + v]
+                        staged[r * tile + (c ^ (r // vec)) * vec + v] = x[_x_vector_index(
+                            T, vec, b, tm * tile + r, x_batch_stride, x_row_stride, tn * tile + c * vec + v)]
             T.sync_threads()
 
             # Phase 2: tile columns -> rows of y.  Output chunk (j, i_chunk)
@@ -367,14 +385,16 @@ def _build_vectorized_tuned(config: TransposeConfig):
     piece_elements = read // width
     item_passes = column_chunks * row_chunks * pieces // threads
     move = f"{TRANSPOSE_BLOCK}<{width}, {read}>"
-    batch, m_chunks, n_chunks = T.dynamic("batch, m_chunks, n_chunks")
+    batch, m_chunks, n_chunks, x_span = T.dynamic("batch, m_chunks, n_chunks, x_span")
     rows = m_chunks * vec
     cols = n_chunks * vec
 
     @T.prim_func
     def batched_transpose_tuned(
-        x: T.Tensor((batch, m_chunks * vec, n_chunks * vec), dtype),
+        x: T.Tensor((x_span,), dtype),
         y: T.Tensor((batch, n_chunks * vec, m_chunks * vec), dtype),
+        x_batch_stride: T.int64,
+        x_row_stride: T.int64,
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
         tiles_m = T.ceildiv(rows, tile_m)
@@ -404,7 +424,8 @@ def _build_vectorized_tuned(config: TransposeConfig):
                 c = (p * threads + tx) % row_chunks
                 if tm * tile_m + r < rows and tn * tile_n + c * vec < cols:
                     for v in T.vectorized(vec):
-                        held[p * vec + v] = x[b, tm * tile_m + r, tn * tile_n + c * vec + v]
+                        held[p * vec + v] = x[_x_vector_index(T, vec, b, tm * tile_m + r, x_batch_stride, x_row_stride,
+                                                              tn * tile_n + c * vec + v)]
             for p in T.unroll(load_passes):
                 r = (p * threads + tx) // row_chunks
                 c = (p * threads + tx) % row_chunks
@@ -440,12 +461,14 @@ def _build_scalar(dtype: str):
     pitch = tile + 4 // width
     rows_per_pass = THREADS // tile
     passes = tile // rows_per_pass
-    batch, rows, cols = T.dynamic("batch, rows, cols")
+    batch, rows, cols, x_span = T.dynamic("batch, rows, cols, x_span")
 
     @T.prim_func
     def batched_transpose_scalar(
-        x: T.Tensor((batch, rows, cols), dtype),
+        x: T.Tensor((x_span,), dtype),
         y: T.Tensor((batch, cols, rows), dtype),
+        x_batch_stride: T.int64,
+        x_row_stride: T.int64,
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
         tiles_m = T.ceildiv(rows, tile)
@@ -462,7 +485,8 @@ def _build_scalar(dtype: str):
                 r = p * rows_per_pass + tx // tile
                 c = tx % tile
                 if tm * tile + r < rows and tn * tile + c < cols:
-                    staged[r * pitch + c] = x[b, tm * tile + r, tn * tile + c]
+                    staged[r * pitch + c] = x[T.Cast("int64", b) * x_batch_stride + T.Cast("int64", tm * tile + r)
+                                              * x_row_stride + (tn * tile + c)]
             T.sync_threads()
 
             # Phase 2: consecutive threads write consecutive elements of a row of y.
@@ -490,10 +514,9 @@ BATCHED_TRANSPOSE = KernelDef("transpose.batched_transpose", build_batched_trans
 
 
 def _check_x(x, ndim: int, layout: str) -> None:
-    """kernels/torch/transpose.py's checks (same errors for the same bad arguments), dense rows (the
-    kernel takes no row stride), then a CUDA device."""
+    """kernels/torch/transpose.py's checks (same errors for the same bad arguments: any row and batch
+    strides, the last dimension contiguous, no overlap), then a CUDA device."""
     eager._check_transpose_arg(x, ndim, layout)
-    check_dense_rows("x", x)
     _tilelang.require_cuda("x", x)
 
 
@@ -504,7 +527,8 @@ def _is_aligned(tensor: torch.Tensor) -> bool:
 def _choose_config(x: torch.Tensor, out: torch.Tensor, width: int) -> TransposeConfig:
     vec = VECTOR_BYTES // width
     _, rows, cols = x.shape
-    vectorized = rows % vec == 0 and cols % vec == 0 and _is_aligned(x) and _is_aligned(out)
+    # x's rows (and batch entries) must start on 16-byte boundaries for the vector loads
+    vectorized = rows % vec == 0 and cols % vec == 0 and rows_aligned(x, VECTOR_BYTES) and _is_aligned(out)
     return _tilelang.chosen_config(TransposeConfig(RAW_DTYPES[width], vectorized), TRANSPOSE_SHIPPED,
                                    TRANSPOSE_OVERRIDES)
 
@@ -518,7 +542,11 @@ def _batches_per_launch(config: TransposeConfig, rows: int, cols: int) -> int:
 def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     """(B, M, N) -> (B, N, M), out[b, j, i] = x[b, i, j], bit for bit.
 
-    x: contiguous CUDA tensor of a 1-, 2- or 4-byte dtype, each dim <= 2**31 - 1024.
+    x: CUDA tensor of a 1-, 2- or 4-byte dtype, each dim <= 2**31 - 1024, its last dimension
+    contiguous at any row and batch strides (a slice ``buf[..., :N]`` of a wider buffer, a slice of
+    a batch), read in place: the kernels take x's strides as arguments.  The vectorized variant needs
+    x's rows to start on 16-byte boundaries (data pointer, row and batch strides in bytes multiples
+    of 16); other layouts take the scalar variant, which needs no alignment.
     """
     _check_x(x, 3, "(B, M, N)")
     width = x.element_size()
@@ -535,7 +563,7 @@ def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     with _tilelang.device_guard(x.device):
         for start in range(0, batch, step):
             stop = min(start + step, batch)
-            kernel(raw_in[start:stop], raw_out[start:stop])
+            kernel(span_view(raw_in[start:stop]), raw_out[start:stop], raw_in.stride(0), raw_in.stride(1))
     return out
 
 

@@ -19,7 +19,9 @@ shape is allowed), with params repeat and eps.  Drawn in three layers:
    ``near_permutation`` (a permutation matrix times 8..40 plus noise 2^-8:
    Sinkhorn starts almost converged), ``eps_entries`` (half the entries
    lowered by ln(1/eps) +- 2, so that their softmax weight is comparable to
-   eps), ``large`` (the whole matrix scaled to magnitudes 2^8..2^10).
+   eps), ``large`` (the whole matrix scaled to magnitudes 2^8..2^10);
+4. half the time, ``zeros`` in some matrices (entries -0.0 or +0.0 beside each other, the row maximum a
+   tie of the two zeros, and fp32 subnormals; one row all zeros: its softmax uniform).
 
 Every logit is finite and |x| <= ``MAX_LOGIT``: within that the float64
 finite differences of the gradient checks resolve the derivative (a step must
@@ -93,6 +95,12 @@ def _plant(rng: np.random.Generator, x: np.ndarray, feature: str, eps: float) ->
     elif feature == "large":
         scale = np.abs(x).max(axis=(-1, -2), keepdims=True)
         x[:] = x / np.where(scale > 0, scale, 1.0) * 2.0 ** rng.uniform(8.0, 10.0, size=(n, 1, 1))
+    elif feature == "zeros":
+        signed = np.where(rng.random(x.shape) < 0.5, -0.0, 0.0)
+        tiny = rng.integers(1, 1 << 23, size=x.shape) * 2.0**-149 * np.where(rng.random(x.shape) < 0.5, -1, 1)
+        pick = rng.random(x.shape)
+        x[:] = np.where(pick < 0.4, signed, np.where(pick < 0.6, tiny, x))
+        x[:, int(rng.integers(0, m))] = signed[:, 0]  # a whole row of zeros
     else:
         raise ValueError(feature)
 
@@ -109,13 +117,14 @@ def _cases(draw, nonfinite: bool) -> Case:
     bad = draw(st.dictionaries(st.sampled_from(NONFINITE), st.sampled_from(SPREADS), min_size=1, max_size=3)) \
         if nonfinite else {}
     seed = draw(seeds())
+    zeros = np.random.default_rng([seed, 7]).random() < 0.5  # the seed decides: the other draws stay
 
     rng = np.random.default_rng([seed])
     x = rng.standard_normal((tokens, m, m)) * scale
-    for stream, name in enumerate(FEATURES, start=1):
-        if name in features and tokens:
+    for stream, name in enumerate(FEATURES + ("zeros",), start=1):
+        if (name in features or (name == "zeros" and zeros)) and tokens:
             frng = np.random.default_rng([seed, stream])
-            which = _which(frng, tokens, features[name])
+            which = _which(frng, tokens, features.get(name, "some"))
             sub = x[which]
             _plant(frng, sub, name, eps)
             x[which] = sub
@@ -338,18 +347,22 @@ def pre_apply_mix_cases(draw) -> Case:
     scaled by 2^-5), ``subnormal`` (bf16 subnormals times weights down to 2^-30: products in fp32's
     subnormal range), ``cancel`` (rows in equal pairs with opposite weights: for even m the exact
     sum is 0 and fp32 may leave a residue within the bound), ``zero_weights`` (0 and -0 weights,
-    which meet infinities as NaN), ``nonfinite`` (NaN, +-inf in x and mix).
+    which meet infinities as NaN), ``nonfinite`` (NaN, +-inf in x and mix); and half the time
+    ``signed_zeros`` (x elements -0.0 or +0.0 beside each other: a sum of only -0.0 terms is -0.0, one
+    +0.0 makes it +0.0).
     """
     m, a, b, h = draw(_mix_sizes(True))
     features = draw(st.sets(st.sampled_from(APPLY_FEATURES), max_size=3))
     magnitude = 2.0 ** draw(st.integers(-4, 4))
     kind = draw(st.integers(0, 2))
     seed = draw(seeds())
+    if np.random.default_rng([seed, 9]).random() < 0.5:  # the seed decides: the other draws stay
+        features.add("signed_zeros")
 
     rng = np.random.default_rng([seed])
     x = _values(rng, (a, b, m, h), magnitude)
     mix = _weights(rng, (a, b, m, 1), kind)
-    for stream, name in enumerate(APPLY_FEATURES, start=1):
+    for stream, name in enumerate(APPLY_FEATURES + ("signed_zeros",), start=1):
         if name not in features or not a * b:
             continue
         frng = np.random.default_rng([seed, stream])
@@ -361,6 +374,9 @@ def pre_apply_mix_cases(draw) -> Case:
         elif name == "zero_weights":
             zero = rows[..., None, None] & (frng.random(mix.shape) < 0.5)
             mix = np.where(zero, frng.choice(np.array([0.0, -0.0]), size=mix.shape), mix)
+        elif name == "signed_zeros":
+            zero = rows[..., None, None] & (frng.random(x.shape) < 0.5)
+            x = np.where(zero, frng.choice(np.array([0.0, -0.0]), size=x.shape), x)
         else:
             _plant_rows(frng, rows, x, [mix], name)
     return Case(params={}, inputs={"x": _bf16(x), "mix": _f32(mix)})
@@ -415,14 +431,14 @@ def post_cases(draw) -> Case:
 
 # The classes each strategy reaches under the ci profile (tests/test_classes.py), as tkverify/specs/mhc.py lists.
 sinkhorn_cases = tagging("x", (
-    'empty', 'non_pow2',
+    'empty', 'neg_zero:x', 'non_pow2', 'signed_zero_tie:x', 'subnormal:x', 'zero_row:x',
 ))(sinkhorn_cases)
 pre_split_mixes_cases = tagging("mixes", (
     'empty', 'nan:mixes', 'neg_inf:mixes', 'neg_zero:base', 'non_pow2',
     'pos_inf:mixes', 'signed_zero_tie:base', 'subnormal:base', 'subnormal:mixes',
 ))(pre_split_mixes_cases)
 pre_apply_mix_cases = tagging("x", (
-    'empty', 'neg_zero:mix', 'non_pow2', 'subnormal:x', 'zero_row:mix',
+    'empty', 'neg_zero:mix', 'neg_zero:x', 'non_pow2', 'signed_zero_tie:x', 'subnormal:x', 'zero_row:mix',
 ))(pre_apply_mix_cases)
 post_cases = tagging("x", (
     'dtype_max:residual', 'dtype_max:x', 'empty', 'neg_zero:comb', 'neg_zero:residual',

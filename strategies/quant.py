@@ -288,8 +288,12 @@ def special_values(ctx: BlockContext) -> np.ndarray:
 
 
 def build_values(seed: int, shape: tuple[int, int], block: tuple[int, int], ctx: BlockContext,
-                 kinds: dict[str, str], pinned: list[tuple[int, int, int]]) -> np.ndarray:
-    """The (T, H) float64 values (all representable in ctx.dtype) a drawn recipe describes."""
+                 kinds: dict[str, str], pinned: list[tuple[int, int, int]],
+                 zero_row: int | None = None) -> np.ndarray:
+    """The (T, H) float64 values (all representable in ctx.dtype) a drawn recipe describes.
+
+    `zero_row`: that row is all zeros of both signs (-0.0 beside +0.0: a tie of the two zeros, each code
+    keeping its sign; a per-token block's amax 0, below clamp_min), before the pinned values."""
     rng = np.random.default_rng(seed)
     blocks = _as_blocks(np.zeros(shape), block)
     _normal(rng, blocks, ctx)
@@ -300,6 +304,9 @@ def build_values(seed: int, shape: tuple[int, int], block: tuple[int, int], ctx:
             fill(rng, part, ctx)
             blocks[chosen] = part
     x = _from_blocks(blocks, shape, block)
+    if zero_row is not None:
+        x[zero_row] = np.where(rng.random(shape[1]) < 0.5, -0.0, 0.0)
+        x[zero_row, :2] = (0.0, -0.0)[: shape[1]]
     specials = special_values(ctx)
     for row, col, which in pinned:
         x[row, col] = specials[which]
@@ -311,6 +318,50 @@ def to_input_tensor(x: np.ndarray, dtype: str) -> torch.Tensor:
     if dtype == "fp32":
         return torch_copy(x.astype(np.float32))
     return tensor_from_bits(formats.BF16.encode(x), torch.bfloat16)
+
+
+# The NaN bit patterns `with_nan_payloads` chooses from, per dtype: (exponent and quiet bit, mantissa bits
+# below the quiet bit, sign bit).
+_NAN_BITS = {torch.float32: (0x7F800000, 0x003FFFFF, 0x80000000), torch.bfloat16: (0x7F80, 0x003F, 0x8000)}
+
+
+def with_nan_payloads(t: torch.Tensor, seed: int, plant: bool = False) -> torch.Tensor:
+    """`t` with each NaN (with `plant`, one planted where it holds none) replaced by a NaN of another bit pattern: quiet
+    or signalling, a random payload (mantissa bits) and a random sign, so that an implementation that
+    reads a NaN's bits (as a code, a comparison of integers, a sign) rather than its being NaN shows it."""
+    rng = np.random.default_rng([seed, 77])
+    nan = torch.isnan(t)
+    if not bool(nan.any()):
+        if not plant or t.numel() == 0:
+            return t
+        nan.view(-1)[int(rng.integers(0, t.numel()))] = True  # one NaN, so that a payload is there to read
+    exponent, low, sign = _NAN_BITS[t.dtype]
+    count = int(nan.sum())
+    quiet = (low + 1) * (rng.random(count) < 0.5)
+    payload = np.maximum(rng.integers(0, low + 1, size=count), quiet == 0)  # a signalling NaN needs a bit set
+    bits = exponent | quiet | payload | np.where(rng.random(count) < 0.5, sign, 0)
+    out = _bits(t).to(torch.int64)
+    out[nan] = torch.from_numpy(bits.astype(np.int64))
+    width = _INT_OF_WIDTH[t.element_size()]
+    signed = torch.where(out >= 1 << (8 * t.element_size() - 1), out - (1 << (8 * t.element_size())), out)
+    return signed.to(width).view(t.dtype)
+
+
+def cast_input(x: np.ndarray, dtype: str, payload_seed: int | None, plant_nan: bool = True) -> torch.Tensor:
+    """The cast's input tensor of x (`to_input_tensor`); one time in three its NaNs get other payloads
+    (`with_nan_payloads`, a NaN planted first with `plant_nan` where x holds none), else they stay
+    canonical; never where `payload_seed` is None.  The seed (the
+    case's own) decides, not a draw of its own, so that the rest of what hypothesis draws for the case
+    stays as it was."""
+    t = to_input_tensor(x, dtype)
+    if payload_seed is not None and np.random.default_rng([payload_seed, 76]).random() < 1 / 3:
+        t = with_nan_payloads(t, payload_seed, plant_nan)
+    return t
+
+
+def nan_payload_seeds() -> SearchStrategy[int]:
+    """Seeds for `cast_input`, for a strategy without a seed of its own to pass."""
+    return seeds()
 
 
 # -- drawing cases -----------------------------------------------------------------------
@@ -347,7 +398,7 @@ def sf_options(draw, fmt: str) -> dict:
 
 @st.composite
 def _values(draw, shape: tuple[int, int], block: tuple[int, int], fmt: str, dtype: str, round_sf: bool,
-            clamp_min: float | None) -> np.ndarray:
+            clamp_min: float | None) -> tuple[np.ndarray, int]:
     ctx = BlockContext(fmt, dtype, round_sf, ref.clamp_min_value(fmt, clamp_min))
     kinds = draw(st.dictionaries(st.sampled_from(tuple(BLOCK_KINDS)), st.sampled_from(SPREADS), max_size=4))
     num_rows, hidden = shape
@@ -356,7 +407,12 @@ def _values(draw, shape: tuple[int, int], block: tuple[int, int], fmt: str, dtyp
         placement = st.tuples(st.integers(0, num_rows - 1), st.integers(0, hidden - 1),
                               st.integers(0, len(special_values(ctx)) - 1))
         pinned = draw(st.lists(placement, max_size=3))
-    return build_values(draw(seeds()), shape, block, ctx, kinds, pinned)
+    seed = draw(seeds())
+    # Half the time (the seed decides, so that the other draws stay as they were) one row of zeros, where
+    # there are others (a single row keeps its values for what they are drawn for).
+    rng = np.random.default_rng([seed, 5])
+    zero_row = int(rng.integers(0, num_rows)) if num_rows >= 2 and rng.random() < 0.5 else None
+    return build_values(seed, shape, block, ctx, kinds, pinned, zero_row), seed
 
 
 def _num_per_channels(fmt: str, hidden: int) -> SearchStrategy[int]:
@@ -374,9 +430,9 @@ def per_token_cast_cases(draw) -> Case:
     npc = draw(_num_per_channels(fmt, hidden))
     options = draw(sf_options(fmt))
     num_rows = draw(token_counts(hidden))
-    x = draw(_values((num_rows, hidden), (1, npc), fmt, dtype, options["round_sf"], options["clamp_min"]))
+    x, seed = draw(_values((num_rows, hidden), (1, npc), fmt, dtype, options["round_sf"], options["clamp_min"]))
     return Case(params={"fmt": fmt, "num_per_channels": npc, **options},
-                inputs={"x": to_input_tensor(x, dtype)})
+                inputs={"x": cast_input(x, dtype, seed)})
 
 
 @st.composite
@@ -387,8 +443,9 @@ def per_block_cast_cases(draw) -> Case:
     hidden = draw(st.sampled_from([h for h in (*HIDDEN_SIZES, 384) if h % bk == 0]))
     options = draw(sf_options(fmt))
     num_rows = draw(token_counts(hidden, bm))
-    x = draw(_values((num_rows, hidden), (bm, bk), fmt, dtype, options["round_sf"], options["clamp_min"]))
-    return Case(params={"fmt": fmt, "block": [bm, bk], **options}, inputs={"x": to_input_tensor(x, dtype)})
+    x, seed = draw(_values((num_rows, hidden), (bm, bk), fmt, dtype, options["round_sf"], options["clamp_min"]))
+    return Case(params={"fmt": fmt, "block": [bm, bk], **options},
+                inputs={"x": cast_input(x, dtype, seed)})
 
 
 @st.composite
@@ -399,18 +456,21 @@ def per_channel_cast_cases(draw) -> Case:
     hidden = draw(st.sampled_from(CHANNEL_HIDDEN_SIZES + (CHANNEL_ODD_HIDDEN_SIZES if fmt == "e4m3" else ())))
     options = draw(sf_options(fmt))
     num_rows = draw(token_counts(hidden, npt))
-    x = draw(_values((num_rows, hidden), (npt, 1), fmt, dtype, options["round_sf"], options["clamp_min"]))
-    return Case(params={"fmt": fmt, "num_per_tokens": npt, **options}, inputs={"x": to_input_tensor(x, dtype)})
+    x, seed = draw(_values((num_rows, hidden), (npt, 1), fmt, dtype, options["round_sf"], options["clamp_min"]))
+    return Case(params={"fmt": fmt, "num_per_tokens": npt, **options},
+                inputs={"x": cast_input(x, dtype, seed)})
 
 
 # -- precomputed sf ----------------------------------------------------------------------
+
+# The rounding midpoint beyond each format's largest value: |x / sf| from max_q up to it rounds to max_q.
+SATURATION_MIDPOINT = {"e4m3": 464.0, "e2m1": 7.0, "e5m6": 65280.0}
 
 # Factors t: the block's sf is replaced by amax / t, so its amax lands on t
 # (as a multiple of sf): at max_q, at the midpoint past it (464, 7, 65280),
 # just either side of those, far past it (saturation), or well inside.
 def _saturation_targets(fmt: str) -> np.ndarray:
-    top = ref.MAX_Q[fmt]
-    past = {"e4m3": 464.0, "e2m1": 7.0, "e5m6": 65280.0}[fmt]
+    top, past = ref.MAX_Q[fmt], SATURATION_MIDPOINT[fmt]
     return np.array([top, past, past * (1 - 2.0**-20), past * (1 + 2.0**-20), top * (1 + 2.0**-22), 2 * top,
                      1e6 * top, top / 3])
 
@@ -442,6 +502,8 @@ def precomputed_sf_cases(draw) -> Case:
         specials = np.array(SF_SPECIALS if not params["use_ue8m0"] else (np.nan, 2.0**-127, 2.0**127))
         hit = rng.random(sf.shape) < 0.3
         sf = np.where(hit, specials[rng.integers(0, len(specials), size=sf.shape)], sf)
+        if not params["use_ue8m0"] and rng.random() < 0.5:  # a token whose every sf is 0 (ue8m0 has no 0)
+            sf[int(rng.integers(0, sf.shape[0]))] = 0.0
     stored = ref.store_sf(sf, use_ue8m0=params["use_ue8m0"], use_packed_ue8m0=params["use_packed_ue8m0"])
     return Case(params={"fmt": fmt, "num_per_channels": npc}, inputs={"x": x, "sf": stored})
 
@@ -580,7 +642,11 @@ def swiglu_cases(draw) -> Case:
         features.setdefault("at_clamp", draw(st.sampled_from(SPREADS)))
     seed = draw(seeds())
     x = build_swiglu_x(seed, num_rows, hidden, dtype, clamp, features)
-    inputs = {"x": to_input_tensor(x, dtype)}
+    tie_rng = np.random.default_rng([seed, 3])
+    if num_rows and tie_rng.random() < 0.5:  # -0.0 beside +0.0 in one row (l or r): each code keeps its sign
+        row, col = int(tie_rng.integers(0, num_rows)), int(tie_rng.integers(0, 2 * hidden - 1))
+        x[row, col:col + 2] = (0.0, -0.0)
+    inputs = {"x": cast_input(x, dtype, seed)}
     rng = np.random.default_rng(seed + 1)
     weighting = draw(st.sampled_from(("none", "index_only", "weights")))
     if weighting != "none":
@@ -699,31 +765,79 @@ def tagging(main: str, classes: tuple[str, ...], extra: Callable[[Case], set[str
     return wrap
 
 
+# |x / sf| within this relative distance of the rounding midpoint beyond max_q is "at" the midpoint: a
+# precomputed sf of amax / 464 stored in fp32 puts the quotient within 2^-24 of it.
+MIDPOINT_NEAR = 2.0**-18
+
+
+def saturation_classes(fmt: str, x: torch.Tensor, sf: np.ndarray, block: tuple[int, int]) -> set[str]:
+    """The saturation-edge classes of a cast's x given each block's sf (float64, (rows, cols)):
+    ``saturation_edge:x``, a finite |x / sf| from the format's largest value max_q up to (not including)
+    the rounding midpoint beyond it, all of which round to max_q; ``saturation_midpoint:x``, |x / sf| at
+    that midpoint (within `MIDPOINT_NEAR`), where round-to-nearest without saturation would leave the
+    format."""
+    if x.numel() == 0 or sf.size == 0:
+        return set()
+    x64 = ref.as_float64(x)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.abs(ref.quotients(x64, sf, block))
+    q = q[np.isfinite(q)]
+    top, past = ref.MAX_Q[fmt], SATURATION_MIDPOINT[fmt]
+    found = set()
+    if bool(((q >= top) & (q < past)).any()):
+        found.add("saturation_edge:x")
+    if bool((np.abs(q / past - 1) <= MIDPOINT_NEAR).any()):
+        found.add("saturation_midpoint:x")
+    return found
+
+
+def computed_sf_saturation(block_of: Callable[[dict, torch.Tensor], tuple[int, int]]) -> Callable[[Case], set[str]]:
+    """The saturation classes of a cast that computes its sf (the oracle's stored sf of each block);
+    ``block_of(params, x)`` gives the case's block."""
+    def classify(case: Case) -> set[str]:
+        p, x = case.params, case.inputs["x"]
+        if x.numel() == 0:
+            return set()
+        block = block_of(p, x)
+        exact = ref.exact_scales(ref.as_float64(x), p["fmt"], block, p["round_sf"], p["clamp_min"])
+        return saturation_classes(p["fmt"], x, ref.stored_scales(exact), block)
+    return classify
+
+
+def precomputed_sf_saturation(case: Case) -> set[str]:
+    """The saturation classes of per_token_cast_with_precomputed_sf: x against the sf it is given."""
+    p, x = case.params, case.inputs["x"]
+    if x.numel() == 0:
+        return set()
+    block = (1, p["num_per_channels"])
+    sf = ref.sf_logical_values(case.inputs["sf"], x.shape[-1] // block[1])[: x.shape[0]]
+    return saturation_classes(p["fmt"], x, sf, block)
+
 
 # The classes each strategy reaches under the ci profile (tests/test_classes.py), as tkverify/specs/quant.py lists.
 per_token_cast_cases = tagging("x", (
-    'dtype_max:x', 'empty', 'nan:x', 'neg_zero:x', 'non_pow2',
+    'dtype_max:x', 'empty', 'nan:x', 'nan_payload:x', 'neg_zero:x', 'non_pow2', 'saturation_edge:x',
     'signed_zero_tie:x', 'single_row', 'subnormal:x', 'zero_row:x',
-))(per_token_cast_cases)
+), computed_sf_saturation(lambda p, x: (1, p["num_per_channels"])))(per_token_cast_cases)
 per_block_cast_cases = tagging("x", (
-    'dtype_max:x', 'empty', 'nan:x', 'neg_inf:x', 'neg_zero:x',
-    'non_pow2', 'pos_inf:x', 'signed_zero_tie:x', 'single_row', 'subnormal:x',
-))(per_block_cast_cases)
+    'dtype_max:x', 'empty', 'nan:x', 'nan_payload:x', 'neg_inf:x', 'neg_zero:x', 'non_pow2', 'pos_inf:x',
+    'saturation_edge:x', 'signed_zero_tie:x', 'single_row', 'subnormal:x',
+), computed_sf_saturation(lambda p, x: tuple(p["block"])))(per_block_cast_cases)
 per_channel_cast_cases = tagging("x", (
-    'dtype_max:x', 'empty', 'nan:x', 'neg_inf:x', 'neg_zero:x',
-    'non_pow2', 'pos_inf:x', 'single_row', 'subnormal:x',
-))(per_channel_cast_cases)
+    'dtype_max:x', 'empty', 'nan:x', 'nan_payload:x', 'neg_inf:x', 'neg_zero:x', 'non_pow2', 'pos_inf:x',
+    'saturation_edge:x', 'signed_zero_tie:x', 'single_row', 'subnormal:x',
+), computed_sf_saturation(lambda p, x: (p["num_per_tokens"], 1)))(per_channel_cast_cases)
 precomputed_sf_cases = tagging("x", (
-    'dtype_max:x', 'nan:sf', 'nan:x', 'neg_zero:x', 'non_pow2',
-    'pos_inf:sf', 'pos_inf:x', 'signed_zero_tie:x', 'single_row', 'subnormal:sf',
+    'dtype_max:x', 'nan:sf', 'nan:x', 'nan_payload:x', 'neg_zero:x', 'non_pow2', 'pos_inf:sf', 'pos_inf:x',
+    'saturation_edge:x', 'saturation_midpoint:x', 'signed_zero_tie:x', 'single_row', 'subnormal:sf',
     'subnormal:x', 'zero_row:sf',
-))(precomputed_sf_cases)
+), precomputed_sf_saturation)(precomputed_sf_cases)
 cast_back_cases = tagging("data", (
     'dtype_max:data', 'empty', 'nan:data', 'nan:sf', 'nan_payload:data',
     'neg_zero:data', 'non_pow2', 'pos_inf:sf', 'signed_zero_tie:data', 'single_row',
     'subnormal:data', 'subnormal:sf',
 ))(cast_back_cases)
 swiglu_cases = tagging("x", (
-    'empty', 'nan:x', 'neg_inf:x', 'non_pow2', 'pos_inf:x',
-    'single_row', 'subnormal:x', 'zero_row:topk_weights',
+    'empty', 'nan:x', 'nan_payload:x', 'neg_inf:x', 'neg_zero:x', 'non_pow2', 'pos_inf:x',
+    'signed_zero_tie:x', 'single_row', 'subnormal:x', 'zero_row:topk_weights',
 ))(swiglu_cases)

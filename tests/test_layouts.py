@@ -15,6 +15,7 @@ import kernels.moe
 import kernels.quant
 import kernels.transpose
 from kernels.torch import moe as torch_moe, quant as torch_quant, transpose as torch_transpose
+from kernels.torch._checks import rows_aligned, span_view
 from strategies import layouts
 from strategies.layouts import BATCH_SLICE, CONTIGUOUS, LAYOUTS, OTHER, ROW_STRIDED
 from tkverify import registry
@@ -25,9 +26,14 @@ from tkverify.suite import drawing_layouts, verify
 ROW_INPUTS = {
     "quant.per_token_cast": "x", "quant.per_token_cast_with_sf_only": "x",
     "quant.per_token_cast_with_precomputed_sf": "x", "quant.per_block_cast": "x", "quant.per_channel_cast": "x",
-    "quant.swiglu_forward_and_per_token_cast": "x", "transpose.transpose": "x",
+    "quant.swiglu_forward_and_per_token_cast": "x", "quant.swiglu": "x", "transpose.transpose": "x",
     "transpose.batched_transpose": "x", "moe.topk_gate": "scores",
 }
+# Of those, the ops whose TileLang kernel reads the input in place at a row stride.
+TILELANG_ROW_INPUTS = {op: ROW_INPUTS[op] for op in (
+    "quant.per_token_cast", "quant.per_token_cast_with_sf_only", "quant.per_token_cast_with_precomputed_sf",
+    "quant.swiglu_forward_and_per_token_cast", "transpose.transpose", "transpose.batched_transpose",
+    "moe.topk_gate")}
 QUICK = settings(max_examples=15, derandomize=True, database=None, deadline=None,
                  suppress_health_check=list(HealthCheck))
 
@@ -114,14 +120,21 @@ def test_with_layouts_keeps_a_layout_the_strategy_drew_itself():
 # -- what each implementation declares -----------------------------------------------------------------
 
 
-def test_the_eager_implementations_declare_row_strides_and_the_tilelang_ones_do_not():
+def test_the_implementations_declare_the_row_strides_they_take():
+    """The eager implementations and the TileLang wrappers that read a row stride in place every layout;
+    the others none beyond contiguous (their ci examples do not move)."""
     for op, name in ROW_INPUTS.items():
         spec = registry.get(op)
         assert spec.impls["torch"].layouts == {name: LAYOUTS}, op
-        assert spec.impls["tilelang"].layouts == {}, op
-        assert drawing_layouts(spec, spec.impls["tilelang"]) is spec  # its ci examples do not move
+        if op in TILELANG_ROW_INPUTS:
+            assert spec.impls["tilelang"].layouts == {name: LAYOUTS}, op
+            assert drawing_layouts(spec, spec.impls["tilelang"]) is not spec
+        else:
+            assert spec.impls["tilelang"].layouts == {}, op
+            assert drawing_layouts(spec, spec.impls["tilelang"]) is spec
     declared = {(s.name, n) for s in registry.all_specs() for n, i in s.impls.items() if i.layouts}
     assert {op for op, impl in declared if impl == "torch"} == set(ROW_INPUTS)
+    assert {op for op, impl in declared if impl == "tilelang"} == set(TILELANG_ROW_INPUTS)
 
 
 def test_the_tile_kernels_adapter_declares_the_row_strides_its_release_takes():
@@ -208,16 +221,8 @@ def test_the_eager_implementations_refuse_other_layouts_by_name(fn, bad):
 
 
 TILELANG = {
-    "per_token_cast": (lambda x: kernels.quant.per_token_cast(x, "e4m3", 16), "x"),
-    "per_token_cast_with_sf_only": (lambda x: kernels.quant.per_token_cast_with_sf_only(x, "e4m3", 16), "x"),
-    "per_token_cast_with_precomputed_sf": (
-        lambda x: kernels.quant.per_token_cast_with_precomputed_sf(x, torch.ones(x.shape[0], 2), "e4m3", 16), "x"),
     "per_block_cast": (lambda x: kernels.quant.per_block_cast(x, "e4m3", (32, 32)), "x"),
     "per_channel_cast": (lambda x: kernels.quant.per_channel_cast(x, "e4m3", 16), "x"),
-    "swiglu": (lambda x: kernels.quant.swiglu_forward_and_per_token_cast(x, "e4m3", 16), "x"),
-    "transpose": (kernels.transpose.transpose, "x"),
-    "batched_transpose": (lambda x: kernels.transpose.batched_transpose(layouts.row_strided(x[None], 3)[0:1]), "x"),
-    "topk_gate": (lambda x: kernels.moe.topk_gate(x, 2), "scores"),
 }
 
 
@@ -230,6 +235,79 @@ def test_the_tilelang_wrappers_refuse_a_row_stride_by_name(fn):
     with pytest.raises(ValueError, match=f"^{name} must be contiguous \\(the TileLang kernel reads it as dense "
                                          f"rows and takes no row stride\\), got strides"):
         call(x)
+
+
+IN_PLACE = {
+    "per_token_cast": (lambda x: kernels.quant.per_token_cast(x, "e4m3", 16), "x"),
+    "per_token_cast_with_sf_only": (lambda x: kernels.quant.per_token_cast_with_sf_only(x, "e4m3", 16), "x"),
+    "per_token_cast_with_precomputed_sf": (lambda x: kernels.quant.per_token_cast_with_precomputed_sf(
+        x, torch.ones(x.shape[0], x.shape[1] // 16), "e4m3", 16), "x"),
+    "swiglu": (lambda x: kernels.quant.swiglu_forward_and_per_token_cast(x, "e4m3", 16), "x"),
+    "transpose": (kernels.transpose.transpose, "x"),
+    "batched_transpose": (lambda x: kernels.transpose.batched_transpose(x[None]), "x"),
+    "topk_gate": (lambda x: kernels.moe.topk_gate(x, 2), "scores"),
+}
+
+
+@pytest.mark.parametrize("fn", sorted(IN_PLACE))
+def test_the_in_place_wrappers_let_a_row_stride_through_to_the_device_check(fn):
+    """No refusal of the layout: a row-strided CPU input passes every argument check but the CUDA one."""
+    call, name = IN_PLACE[fn]
+    with pytest.raises(ValueError, match=f"^{name} must be on a CUDA device"):
+        call(layouts.row_strided(torch.randn(64, 32), 5))
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_LAYOUTS))
+@pytest.mark.parametrize("fn", sorted(IN_PLACE))
+def test_the_in_place_wrappers_refuse_other_layouts_by_name(fn, bad):
+    spoil, message = BAD_LAYOUTS[bad]
+    call, name = IN_PLACE[fn]
+    with pytest.raises(ValueError, match=f"^{name} must .*{message}.* got strides"):
+        call(spoil(torch.randn(4, 32)))
+
+
+def test_span_view_covers_a_strided_tensor_in_place():
+    x = layouts.row_strided(torch.arange(12.0).reshape(3, 4), 5)
+    span = span_view(x)
+    assert span.data_ptr() == x.data_ptr() and span.numel() == 2 * 9 + 4
+    assert torch.equal(span.as_strided((3, 4), (9, 1)), x)
+    assert span_view(x[1:2]).numel() == 4  # one row: its own length, whatever stride torch reports
+    batched = torch.zeros(4, 3, 8)[:, :2, :5]
+    assert span_view(batched).numel() == 3 * 24 + 1 * 8 + 5
+
+
+def test_the_transpose_takes_the_vectorized_variant_where_rows_stay_aligned():
+    """The host's choice (no GPU): 16-byte aligned rows and batch entries vectorized, others scalar."""
+    x = torch.zeros(2, 64, 64, dtype=torch.bfloat16)
+    out = torch.zeros(2, 64, 64, dtype=torch.bfloat16)
+    assert kernels.transpose._choose_config(layouts.row_strided(x, 8), out, 2).vectorized
+    assert kernels.transpose._choose_config(layouts.batch_slice(x), out, 2).vectorized  # 8 KiB offset
+    for unaligned in (layouts.row_strided(x, 1), layouts.row_strided(x, 4), x[:, :, 1:57]):
+        assert not kernels.transpose._choose_config(unaligned, out, 2).vectorized
+
+
+def test_the_token_cast_kernel_reads_aligned_rows_in_place_and_copies_the_others():
+    """The host side of a launch (no GPU): rows on 16-byte boundaries are the kernel's x as they are, and
+    its words span them in the same memory, padding included; others become a contiguous copy."""
+    from kernels.quant import token_cast
+
+    x = torch.randn(6, 64).to(torch.bfloat16)
+    for pad in (8, 64, 128):
+        strided = layouts.row_strided(x, pad)
+        assert rows_aligned(strided, 16) and token_cast._vector_rows(strided) is strided
+        words = token_cast._row_words(strided)
+        assert words.data_ptr() == strided.data_ptr() and words.numel() == (5 * (64 + pad) + 64) // 2
+        assert token_cast._row_stride(strided) == 64 + pad
+        # the kernel's row padding in 16-byte vectors: the row stride less the row
+        assert (token_cast._row_stride(strided) - 64) * 2 // 16 == pad // 8
+    assert token_cast._row_stride(layouts.row_strided(x, 8)[2:3]) == 64  # one row: its own length
+    odd_start = torch.randn(6 * 64 + 1).to(torch.bfloat16)[1:].view(6, 64)  # contiguous, 2 bytes in
+    for unaligned in (layouts.row_strided(x, 1), layouts.row_strided(x, 3), layouts.row_strided(x, 72)[:, 1:9],
+                      odd_start):
+        assert not rows_aligned(unaligned, 16)
+        copy = token_cast._vector_rows(unaligned)
+        assert copy.is_contiguous() and copy.data_ptr() % 16 == 0 and torch.equal(copy, unaligned)
+    assert rows_aligned(layouts.row_strided(x, 1)[:1], 16)  # one row: no stride to speak of
 
 
 # -- the report -----------------------------------------------------------------------------------------

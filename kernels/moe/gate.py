@@ -28,6 +28,12 @@ distinct and in [0, E).
 
 The padded row width (32 .. 1024, a multiple of the warp size) is the only
 static parameter; the number of rows, E and k are symbolic sizes.
+
+Layouts: scores is read in place at any row stride (a slice ``buf[:, :E]`` of a wider
+buffer, a slice of a batch of rows): the kernel takes it as one flat span from its first
+element to its last and the row stride as a runtime argument (element ``(row, e)`` at
+``row * row_stride + e``), so a contiguous and a strided scores run the same compiled
+configuration.  Its loads are single 4-byte words, so no row stride needs an alignment.
 """
 
 # No `from __future__ import annotations` here: tilelang evaluates the
@@ -37,7 +43,7 @@ from typing import NamedTuple
 import torch
 
 from kernels.torch import moe as eager  # the argument checks are the eager module's
-from ..torch._checks import check_dense_rows
+from ..torch._checks import span_view
 
 from .. import _tilelang
 from .._tilelang import KernelDef
@@ -75,18 +81,26 @@ def _order_key(T, bits):
 
 
 def build_topk_gate(config: TopkGateConfig):
-    """prim_func(scores f32 (T, E), out int64 (T, k)) for rows of E <= config.width."""
+    """prim_func(scores f32 span, out int64 (T, k), E, row stride) for rows of E <= config.width.
+
+    scores is the flat span of a (T, E) tensor whose rows lie `row_stride` elements apart.
+    """
     T = _tilelang.T()
     width = config.width
     per_lane = width // WARP  # keys each lane holds
     no_index = width  # larger than every real index
-    num_tokens, num_experts, k = T.dynamic("num_tokens, num_experts, k")
+    num_tokens, span, k = T.dynamic("num_tokens, span, k")
 
     @T.prim_func
     def topk_gate(
-        scores: T.Tensor((num_tokens, num_experts), "float32"),
+        scores: T.Tensor((span,), "float32"),
         out: T.Tensor((num_tokens, k), "int64"),
+        num_experts: T.int32,
+        row_stride: T.int64,
     ):
+        # Every access is guarded by hand (row < T, column < E): the compiler's bounds legalisation
+        # cannot see that a row stride keeps a load inside the span, and would add a check per load.
+        T.annotate_pass_configs({"tl.disable_safe_memory_legalize": True})
         with T.Kernel(T.ceildiv(num_tokens, WARPS_PER_BLOCK), threads=WARPS_PER_BLOCK * WARP) as block:
             tx = T.get_thread_binding()
             lane = tx % WARP
@@ -100,7 +114,7 @@ def build_topk_gate(config: TopkGateConfig):
             if row < num_tokens:
                 for j in T.unroll(per_lane):
                     if j * WARP + lane < num_experts:
-                        bits = T.reinterpret(scores[row, j * WARP + lane], "uint32")
+                        bits = T.reinterpret(scores[T.Cast("int64", row) * row_stride + (j * WARP + lane)], "uint32")
                         keys[j] = _order_key(T, bits)
                     else:
                         keys[j] = T.uint32(NO_KEY)
@@ -143,14 +157,14 @@ def config_for_experts(num_experts: int) -> TopkGateConfig:
 def topk_gate(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest scores of each row, as a stable descending sort orders them.
 
-    scores: float32 (T, E), contiguous, on a CUDA device, 1 <= E <= 1024.
+    scores: float32 (T, E), on a CUDA device, 1 <= E <= 1024, its last dimension contiguous at any row
+    stride (read in place).
     k: 1 <= k <= min(32, E).
     Returns int64 (T, k) equal to
     ``torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]``
     (NaN first, then +inf, ..., -inf; -0.0 == +0.0; ties to the lower index).
     """
     eager._check_topk_gate_args(scores, k)
-    check_dense_rows("scores", scores)
     _tilelang.require_cuda("scores", scores)
     num_tokens, num_experts = scores.shape
     k = int(k)
@@ -158,8 +172,9 @@ def topk_gate(scores: torch.Tensor, k: int) -> torch.Tensor:
     if num_tokens == 0:
         return out
     kernel = _tilelang.kernel_for(TOPK_GATE, config_for_experts(num_experts), scores.device)
+    row_stride = scores.stride(0) if num_tokens > 1 else num_experts
     with _tilelang.device_guard(scores.device):
         for start in range(0, num_tokens, MAX_ROWS_PER_LAUNCH):
             stop = min(start + MAX_ROWS_PER_LAUNCH, num_tokens)
-            kernel(scores[start:stop], out[start:stop])
+            kernel(span_view(scores[start:stop]), out[start:stop], num_experts, row_stride)
     return out

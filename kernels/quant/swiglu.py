@@ -11,6 +11,10 @@ its eager time holds the sync and the host work after it.  The bench's routed ro
 eager, never a graph time, against 50.4 us in a graph for the plain call
 (reports/evidence/quant.md#swiglu-routed).  benchmarks.tune's routed group times
 `_swiglu_checked`, the call after its checks, in a graph.
+
+x is read in place at any row stride (its gate and up halves at the row's start and H further),
+where its data pointer and row stride in bytes are multiples of 16; otherwise from a contiguous
+copy (`kernels.quant.token_cast` says why).
 """
 
 import math
@@ -19,7 +23,6 @@ import torch
 
 from .. import _tilelang
 from ..torch import quant as eager
-from ..torch._checks import check_dense_rows
 from .common import CHUNK, IN_DTYPES, _crop_data, _new_data, _new_sf, _sf_args
 from .token_cast import _padded_hidden, _token_launch
 from .token_kernel import token_config
@@ -36,12 +39,12 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
 
     Padding rows (pos_to_token_topk == -1) are written as y = 0 (codes +0, the
     sf of a zero block), their x is not read and they are not counted.
-    clamped_count is updated in place (int64 atomics).
+    clamped_count is updated in place (int64 atomics).  x at any row stride: read in place where
+    its rows start on 16-byte boundaries, else from a contiguous copy.
     """
     hidden, fmt, n, cm, c = eager._check_swiglu_args(x, fmt, num_per_channels, topk_weights, pos_to_token_topk,
                                                      clamp, clamped_count, round_sf, use_ue8m0, use_packed_ue8m0,
                                                      use_tma_aligned_col_major_sf, clamp_min)
-    check_dense_rows("x", x)
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     return _swiglu_checked(x, hidden, fmt, n, cm, c, topk_weights, pos_to_token_topk, clamped_count, round_sf,

@@ -7,9 +7,18 @@ every tensor must be on one CUDA device and every dimension fit an int32.
 
 The host picks the kernel's path for the call's block size (`_token_geometry`) and launches
 the kernel in pieces of whole rows, each covering at most `MAX_CHUNKS_PER_LAUNCH` chunks of y
-(its indices are int32, sf offsets int64) and no grid more than 2^31 - 1 CTAs.  T = 0 returns
-empty outputs without a launch.  Rows with H % 8 != 0 (only with npc = H) are zero-padded to a
-multiple of 8 (zeros do not move an amax) and the data cropped.
+and `MAX_X_WORDS_PER_LAUNCH` words of x (its indices are int32, sf offsets int64) and no grid
+more than 2^31 - 1 CTAs.  T = 0 returns empty outputs without a launch.  Rows with H % 8 != 0
+(only with npc = H) are zero-padded to a multiple of 8 (zeros do not move an amax) and the data
+cropped.
+
+Layouts: x is read in place at any row stride (x = buf[:, :H] of a wider buffer, a slice of a
+batch of tokens): the kernel takes the row stride as a runtime argument (`row_pad`), so a
+contiguous and a row-strided x run the same compiled configuration.  Its loads are 16-byte
+vectors, so x is read in place where its data pointer and its row stride in bytes are multiples
+of 16; otherwise (and for H % 8 != 0, already padded) the kernel reads a contiguous copy, the one
+path that needs no alignment.  Layouts nobody can take (a last dimension of stride != 1,
+overlapping rows) are refused by the eager checks, naming x.
 """
 
 import functools
@@ -19,13 +28,14 @@ import torch
 
 from .. import _tilelang
 from ..torch import quant as eager
-from ..torch._checks import check_dense_rows
+from ..torch._checks import rows_aligned, span_view
 from .common import (CHUNK, IN_DTYPES, VECTOR_BYTES, WARP, _crop_data, _new_data, _new_sf, _sf_args, _SfArgs,
                      _words, magic_divisor)
 from .token_kernel import (FAST_CHUNKS_PER_LANE, GENERIC_STEPS, ROW_PATH, TOKEN_CAST, TokenConfig, fast_paths,
                            row_chunks, token_config)
 
 MAX_CHUNKS_PER_LAUNCH = 2**26  # token_cast: chunks of y per launch (x indices stay below 2^31)
+MAX_X_WORDS_PER_LAUNCH = 2**30  # the words of x a launch spans, row padding included (int32 indices)
 
 
 @functools.lru_cache(maxsize=None)  # per launch otherwise; pure in its arguments
@@ -70,30 +80,52 @@ def _token_launch(config: TokenConfig, x_rows: torch.Tensor, data: torch.Tensor 
     when precomputed).  swiglu: the extra arguments of the swiglu source.
     """
     device = x_rows.device
-    x_rows = _tilelang.aligned(x_rows, VECTOR_BYTES)  # rows keep the alignment: H % 8 == 0
+    x_rows = _vector_rows(x_rows)
     num_rows = x_rows.shape[0]
     hidden = x_rows.shape[1] // 2 if swiglu is not None else x_rows.shape[1]
     cols = hidden // num_per_channels
     chunks_per_row = hidden // CHUNK
+    row_stride = _row_stride(x_rows)
+    # 16-byte vectors from the end of a row of y's chunks in x to the next row (swiglu: the r half too)
+    row_pad = (row_stride - hidden) * x_rows.element_size() // VECTOR_BYTES
     path, lanes_log2, blk_k, _ = _token_geometry(config, num_per_channels)
     cols_mul, cols_shift = magic_divisor(cols)
     kernel = _tilelang.kernel_for(TOKEN_CAST, config, device)
-    rows_per_launch = max(1, MAX_CHUNKS_PER_LAUNCH // chunks_per_row)
+    row_words = row_stride * x_rows.element_size() // 4
+    rows_per_launch = max(1, min(MAX_CHUNKS_PER_LAUNCH // chunks_per_row, MAX_X_WORDS_PER_LAUNCH // row_words))
     dummy_words = _tilelang.placeholder(torch.int32, device)
     with _tilelang.device_guard(device):
         for r0 in range(0, num_rows, rows_per_launch):
             r1 = min(num_rows, r0 + rows_per_launch)
-            xw = _words(x_rows[r0:r1])
+            xw = _row_words(x_rows[r0:r1])
             dw = _words(data[r0:r1]) if data is not None else dummy_words
             common = ((r1 - r0) * chunks_per_row, (r1 - r0) * cols, path, lanes_log2, blk_k, cols, cols_mul, cols_shift,
                       r0, sf.s0, sf.s1, sf.mode, int(round_sf), clamp_min)
             if swiglu is None:
-                kernel(xw, dw, sf.flat_f32, sf.flat_u8, *common, int(data is not None), int(precomputed))
+                kernel(xw, dw, sf.flat_f32, sf.flat_u8, *common, int(data is not None), int(precomputed), row_pad)
             else:
                 pos = swiglu["pos"][r0:r1] if swiglu["has_pos"] else swiglu["pos"]
                 kernel(xw, dw, sf.flat_f32, sf.flat_u8, pos, swiglu["weights"], swiglu["counts"], *common,
-                       chunks_per_row, int(swiglu["has_pos"]), int(swiglu["has_w"]), int(swiglu["do_count"]),
+                       chunks_per_row, row_pad, int(swiglu["has_pos"]), int(swiglu["has_w"]), int(swiglu["do_count"]),
                        swiglu["clamp"])
+
+
+def _row_stride(x_rows: torch.Tensor) -> int:
+    """Elements from one row of x_rows to the next (a single row: its length, whatever stride torch reports)."""
+    return x_rows.stride(0) if x_rows.shape[0] > 1 else x_rows.shape[1]
+
+
+def _vector_rows(x_rows: torch.Tensor) -> torch.Tensor:
+    """x_rows itself where every row starts on a 16-byte boundary (the kernel's vector loads), else a
+    contiguous copy in a fresh allocation (a view at an odd offset, contiguous or not; a row stride that
+    is no multiple of 16 bytes)."""
+    return x_rows if rows_aligned(x_rows, VECTOR_BYTES) else x_rows.clone(memory_format=torch.contiguous_format)
+
+
+def _row_words(x_rows: torch.Tensor) -> torch.Tensor:
+    """x_rows' memory from its first element to its last as flat int32 words, row padding included:
+    the same memory, no copy (rows of whole 16-byte vectors at a 16-byte aligned start)."""
+    return span_view(x_rows).view(torch.int32)
 
 
 def _padded_hidden(hidden: int) -> int:
@@ -132,10 +164,13 @@ def per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 1
                    use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
                    use_tma_aligned_col_major_sf: bool = False,
                    clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(data, sf) of x (T, H) quantised in blocks of 1 x num_per_channels (see kernels/torch/quant.py)."""
+    """(data, sf) of x (T, H) quantised in blocks of 1 x num_per_channels (see kernels/torch/quant.py).
+
+    x at any row stride: read in place where its rows start on 16-byte boundaries (data pointer and
+    row stride in bytes multiples of 16), else from a contiguous copy (the module docstring says why).
+    """
     fmt, n, cm = eager._check_per_token(x, fmt, num_per_channels, round_sf, use_ue8m0, use_packed_ue8m0,
                                         use_tma_aligned_col_major_sf, clamp_min)
-    check_dense_rows("x", x)
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     return _token_cast(x, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm, True)
@@ -145,10 +180,10 @@ def per_token_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", num_per_chan
                                 round_sf: bool = False, use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
                                 use_tma_aligned_col_major_sf: bool = False,
                                 clamp_min: float | None = None) -> torch.Tensor:
-    """The sf per_token_cast would return, without the data (x is read once, nothing else written)."""
+    """The sf per_token_cast would return, without the data (x is read once, nothing else written);
+    x's layouts as per_token_cast's."""
     fmt, n, cm = eager._check_per_token(x, fmt, num_per_channels, round_sf, use_ue8m0, use_packed_ue8m0,
                                         use_tma_aligned_col_major_sf, clamp_min)
-    check_dense_rows("x", x)
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)
     return _token_cast(x, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm,
@@ -157,9 +192,9 @@ def per_token_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", num_per_chan
 
 def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3",
                                        num_per_channels: int = 128) -> torch.Tensor:
-    """The data of x (T, H) quantised with a given sf (T, H / num_per_channels) of any storage and strides."""
+    """The data of x (T, H) quantised with a given sf (T, H / num_per_channels) of any storage and strides;
+    x's layouts as per_token_cast's."""
     fmt, n = eager._check_precomputed_args(x, sf, fmt, num_per_channels)
-    check_dense_rows("x", x)
     num_rows, hidden = x.shape
     _tilelang.require_cuda("x", x)
     _tilelang.check_dims_fit_int32("x", x)

@@ -51,7 +51,13 @@ read per lane and block, and 3 compares per element when counting.
 Static configurations (`TokenConfig`): (source x / swiglu, input dtype, format), 12, plus the 6
 per-token casts from a precomputed sf, plus the tuning candidates `TOKEN_TUNE_CONFIGS` (threads
 per CTA, blocks per lane, CTAs per SM, the e5m6 encoder).  Everything else (npc, sf storage,
-round_sf, layout, clamp_min, T, H) is a runtime argument.
+round_sf, layout, clamp_min, T, H, x's row stride) is a runtime argument.
+
+x's rows may lie at any row stride whose rows start on 16-byte boundaries (the host copies other
+layouts): ``row_pad`` counts the 16-byte vectors between the end of a row's chunks and the next
+row's start, and every load of x adds ``row * row_pad`` vectors to the chunk's address (`load_chunk`),
+so a contiguous x (row_pad = 0; swiglu: H / 8 chunks, the r half) and a strided one run the same
+compiled configuration with the same 16-byte vector loads.
 """
 
 # No `from __future__ import annotations` here: tilelang evaluates the
@@ -162,18 +168,25 @@ def _chunk_macros(T, fmt, bf16, swiglu, wpc, fast_e5m6):
             return _f32(T, words[slot, base + p] & _u(T, 0xFFFF0000))
         return _f32(T, words[slot, base + 2 * p + 1])
 
+    vectors = wpc // 4  # 16-byte vectors of input per chunk
+
     @T.macro
-    def load_chunk(xw, words, slot, chunk, row, hidden_chunks):
-        # words[slot, :wpc] <- the chunk's input words (swiglu: l; r goes to words[slot, wpc:])
+    def load_chunk(xw, words, slot, chunk, row, hidden_chunks, row_pad):
+        # words[slot, :wpc] <- the chunk's input words (swiglu: l; r goes to words[slot, wpc:]).
+        # Addresses count 16-byte vectors: chunk `chunk` (flat over the rows of y, row `row`) starts
+        # chunk * vectors + row * row_pad vectors into x, row_pad the vectors from the end of a row's
+        # chunks to the next row's start (the row stride less the row: 0 for contiguous x; swiglu:
+        # the r half and any padding), so a row stride costs one multiply-add and keeps the vector.
         if swiglu:
-            # chunk c of row `row` of y: l is chunk c + row * H/8 of x (N, 2H), r H/8 chunks further
+            # l is the chunk's place in x (N, 2H) at row stride 2 H / 8 + padding; r H / 8 chunks further
             for v in T.vectorized(wpc):
-                words[slot, v] = T.Cast("uint32", xw[(chunk + row * hidden_chunks) * wpc + v])
+                words[slot, v] = T.Cast("uint32", xw[(chunk * vectors + row * row_pad) * 4 + v])
             for v in T.vectorized(wpc):
-                words[slot, wpc + v] = T.Cast("uint32", xw[(chunk + row * hidden_chunks + hidden_chunks) * wpc + v])
+                words[slot, wpc + v] = T.Cast(
+                    "uint32", xw[((chunk + hidden_chunks) * vectors + row * row_pad) * 4 + v])
         else:
             for v in T.vectorized(wpc):
-                words[slot, v] = T.Cast("uint32", xw[chunk * wpc + v])
+                words[slot, v] = T.Cast("uint32", xw[(chunk * vectors + row * row_pad) * 4 + v])
 
     @T.macro
     def swiglu_value(vals, i, lv, rv, weight, clamp, counts, count_now):
@@ -302,8 +315,8 @@ def _register_path_macros(T, threads, width, dpc, chunk_macros, block_macros):
 
     @T.macro
     def fast_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, cols, cols_mul, cols_shift, row0, s0, s1,
-                  sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w, do_count,
-                  clamp, cta, tx, kf, nsteps, counts):
+                  sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, row_pad, has_pos, has_w,
+                  do_count, clamp, cta, tx, kf, nsteps, counts):
         # kf chunks per lane and block (static), nsteps blocks per lane; every load is issued first.
         # Out-of-range lanes load chunk 0 of row 0 (always there) instead of branching, and store nothing.
         lanes = 1 << lanes_log2
@@ -327,7 +340,7 @@ def _register_path_macros(T, threads, width, dpc, chunk_macros, block_macros):
             for k in T.unroll(kf):
                 chunk = T.if_then_else(block < num_blocks, (block * lanes + lane_in_group) * kf + k, 0)
                 if live[u] != 0:
-                    load_chunk(xw, words, u * kf + k, chunk, rows[u], hidden_chunks)
+                    load_chunk(xw, words, u * kf + k, chunk, rows[u], hidden_chunks, row_pad)
         for u in T.unroll(nsteps):
             block = (cta * nsteps + u) * groups + (tx >> lanes_log2)
             valid = block < num_blocks
@@ -352,7 +365,7 @@ def _register_path_macros(T, threads, width, dpc, chunk_macros, block_macros):
 
     @T.macro
     def generic_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, blk_k, cols, cols_mul, cols_shift, row0, s0,
-                     s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
+                     s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, row_pad, has_pos, has_w,
                      do_count, clamp, cta, tx, counts):
         # Any K (L = gcd(npc / 8, 32)): a loop over the block's chunks for the amax, then a second one
         # (its loads hit L1 / L2) that quantises.  GENERIC_STEPS blocks per lane.
@@ -379,7 +392,7 @@ def _register_path_macros(T, threads, width, dpc, chunk_macros, block_macros):
                 for k in T.serial(blk_k):
                     chunk = (block * blk_k + k) * lanes + lane_in_group
                     if live[0] != 0:
-                        load_chunk(xw, words, 0, chunk, rows[0], hidden_chunks)
+                        load_chunk(xw, words, 0, chunk, rows[0], hidden_chunks, row_pad)
                     chunk_values(words, 0, vals, 0, live[0] != 0, weight[0], clamp, counts, do_count != 0)
                     amax = T.max(amax, chunk_amax(words, 0, vals, 0))
             for s in T.unroll(5):
@@ -391,7 +404,7 @@ def _register_path_macros(T, threads, width, dpc, chunk_macros, block_macros):
                 for k in T.serial(blk_k):
                     chunk = (block * blk_k + k) * lanes + lane_in_group
                     if live[0] != 0:
-                        load_chunk(xw, words, 0, chunk, rows[0], hidden_chunks)
+                        load_chunk(xw, words, 0, chunk, rows[0], hidden_chunks, row_pad)
                     chunk_values(words, 0, vals, 0, live[0] != 0, weight[0], clamp, counts, False)
                     encode_chunk(vals, 0, q, codes, st, precomputed, out, 0)
                     for v in T.unroll(dpc):
@@ -407,8 +420,8 @@ def _row_path_macro(T, threads, width, dpc, per_thread, swiglu, vals_stride, chu
 
     @T.macro
     def row_path(xw, dw, sf32, sf8, pos, tw, red, num_blocks, team_log2, blk_chunks, cols, cols_mul, cols_shift,
-                 row0, s0, s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
-                 do_count, clamp, cta, tx, counts):
+                 row0, s0, s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, row_pad, has_pos,
+                 has_w, do_count, clamp, cta, tx, counts):
         # A team of 2^team_log2 threads (whole warps, host: 32 <= team <= threads) per block of
         # blk_chunks chunks; thread j of the team takes the block's chunks j, j + team, ... (a warp's
         # loads of one slot are 512 contiguous bytes), at most `per_thread` of them (the host picks the
@@ -433,7 +446,8 @@ def _row_path_macro(T, threads, width, dpc, per_thread, swiglu, vals_stride, chu
         row_of_block(pos, tw, block, valid, has_pos, has_w, cols_mul, cols_shift, rows, live, weight, 0)
         for k in T.unroll(per_thread):
             if valid and k * team + lane_in_team < blk_chunks and live[0] != 0:
-                load_chunk(xw, words, k, block * blk_chunks + k * team + lane_in_team, rows[0], hidden_chunks)
+                load_chunk(xw, words, k, block * blk_chunks + k * team + lane_in_team, rows[0], hidden_chunks,
+                           row_pad)
         amax = _u(T, 0)
         for k in T.unroll(per_thread):
             if valid and k * team + lane_in_team < blk_chunks:
@@ -491,7 +505,7 @@ def build_token_cast(config: TokenConfig):
     @T.macro
     def kernel_body(xw, dw, sf32, sf8, pos, tw, cnt, num_chunks, num_blocks, path, lanes_log2, blk_k, cols, cols_mul,
                     cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, with_data, precomputed, hidden_chunks,
-                    has_pos, has_w, do_count, clamp):
+                    row_pad, has_pos, has_w, do_count, clamp):
         # chunks per CTA: generic GENERIC_STEPS * threads * K; row path one block (blk_k chunks) per team of
         # 2^lanes_log2 threads; fast paths FAST_CHUNKS_PER_LANE * threads * steps
         chunks_per_cta = T.if_then_else(path == 0, GENERIC_STEPS * threads * blk_k, T.if_then_else(
@@ -508,19 +522,19 @@ def build_token_cast(config: TokenConfig):
             if path == 0:
                 generic_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, blk_k, cols, cols_mul, cols_shift,
                              row0, s0, s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks,
-                             has_pos, has_w, do_count, clamp, cta, tx, counts)
+                             row_pad, has_pos, has_w, do_count, clamp, cta, tx, counts)
             elif path == ROW_PATH:
                 row_path(xw, dw, sf32, sf8, pos, tw, red, num_blocks, lanes_log2, blk_k, cols, cols_mul, cols_shift,
-                         row0, s0, s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos,
-                         has_w, do_count, clamp, cta, tx, counts)
+                         row0, s0, s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, row_pad,
+                         has_pos, has_w, do_count, clamp, cta, tx, counts)
             elif path == 2:
                 fast_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, cols, cols_mul, cols_shift, row0, s0,
-                          s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
-                          do_count, clamp, cta, tx, 2, fast_chunks // (2 * threads), counts)
+                          s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, row_pad, has_pos,
+                          has_w, do_count, clamp, cta, tx, 2, fast_chunks // (2 * threads), counts)
             elif 4 in fast_ks:
                 fast_path(xw, dw, sf32, sf8, pos, tw, num_blocks, lanes_log2, cols, cols_mul, cols_shift, row0, s0,
-                          s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, has_pos, has_w,
-                          do_count, clamp, cta, tx, 4, fast_chunks // (4 * threads), counts)
+                          s1, sf_mode, round_sf, clamp_bits, with_data, precomputed, hidden_chunks, row_pad, has_pos,
+                          has_w, do_count, clamp, cta, tx, 4, fast_chunks // (4 * threads), counts)
             if swiglu:
                 if do_count != 0:
                     for i in T.unroll(3):
@@ -553,6 +567,7 @@ def build_token_cast(config: TokenConfig):
             round_sf: T.int32,
             clamp_min: T.float32,
             hidden_chunks: T.int32,
+            row_pad: T.int32,
             has_pos: T.int32,
             has_w: T.int32,
             do_count: T.int32,
@@ -560,7 +575,7 @@ def build_token_cast(config: TokenConfig):
         ):
             T.annotate_pass_configs(PASS_CONFIGS)
             kernel_body(xw, dw, sf32, sf8, pos, tw, cnt, num_chunks, num_blocks, path, lanes_log2, blk_k, cols,
-                        cols_mul, cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, 1, 0, hidden_chunks,
+                        cols_mul, cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, 1, 0, hidden_chunks, row_pad,
                         has_pos, has_w, do_count, clamp)
 
         return token_cast_swiglu
@@ -587,11 +602,13 @@ def build_token_cast(config: TokenConfig):
         clamp_min: T.float32,
         with_data: T.int32,
         precomputed: T.int32,
+        row_pad: T.int32,
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
         kernel_body(xw, dw, sf32, sf8, None, None, None, num_chunks, num_blocks, path, lanes_log2, blk_k, cols,
                     cols_mul, cols_shift, row0, s0, s1, sf_mode, round_sf, clamp_min, with_data,
-                    precomputed if static_precomputed == 2 else static_precomputed, 0, 0, 0, 0, T.float32(0))
+                    precomputed if static_precomputed == 2 else static_precomputed, 0, row_pad, 0, 0, 0,
+                    T.float32(0))
 
     return token_cast_x
 

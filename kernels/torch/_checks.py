@@ -28,6 +28,24 @@ def check_dense_rows(name: str, t: torch.Tensor) -> None:
     check_contiguous(name, t, " (the TileLang kernel reads it as dense rows and takes no row stride)")
 
 
+def rows_aligned(t: torch.Tensor, nbytes: int) -> bool:
+    """Whether every row of `t` (rows: its last dimension, at any leading strides) starts on an `nbytes`
+    boundary: the data pointer and each leading stride of a dimension of more than one element, in
+    bytes, are multiples of `nbytes` (the vector loads of a TileLang kernel reading `t` in place)."""
+    if t.data_ptr() % nbytes:
+        return False
+    return all(stride * t.element_size() % nbytes == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1])
+               if size > 1)
+
+
+def span_view(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s memory from its first element to its last as one flat view of its dtype (no copy; the
+    padding between rows included): what a TileLang kernel reading `t` at explicit strides takes.
+    `t` has at least one element and non-negative strides."""
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 1)
+    return torch.as_strided(t, (extent,), (1,))
+
+
 def check_rows(name: str, t: torch.Tensor) -> None:
     """Contiguous rows in any row layout: the last dimension's stride is 1 (where it holds more than one
     element) and no two elements share memory; the leading strides are free (a slice ``buf[..., :n]`` of

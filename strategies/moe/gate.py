@@ -163,9 +163,12 @@ def _subnormals(rng: np.random.Generator, rows: np.ndarray, k: int) -> None:
 
 
 def _signed_zeros(rng: np.random.Generator, rows: np.ndarray, k: int) -> None:
-    """+0.0 and -0.0 in one row, which must tie; half the time every other score is made negative so the zeros lead."""
+    """+0.0 and -0.0 in one row, which must tie; half the time every other score is made negative so the zeros
+    lead, and a quarter of the time the whole row is zeros of both signs (every score tied)."""
     num_rows, num_experts = rows.shape
     counts = rng.integers(min(2, num_experts), min(num_experts, k + 2), size=num_rows, endpoint=True)
+    if rng.random() < 0.25:
+        counts[:] = num_experts
     if rng.random() < 0.5:
         rows[:] = -np.abs(rows)
     mask = _exactly_n_per_row(rng, rows.shape, counts)

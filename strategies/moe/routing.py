@@ -273,6 +273,19 @@ def expand_to_fused_cases(draw) -> Case:
                 inputs={"x": x, "token_topk_to_pos": torch_copy(positions)})
 
 
+def _with_signed_zeros(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    """x (a one-byte float) with an eighth of its codes made -0.0 or +0.0: zeros of both signs in a row,
+    each of which must keep its sign bit when moved (random codes hold each zero once in 256), and one
+    row holding both side by side."""
+    codes = x.view(torch.uint8).numpy().copy()
+    zero = rng.random(codes.shape) < 0.125
+    codes[zero] = np.where(rng.random(codes.shape) < 0.5, 0x80, 0x00)[zero]
+    if codes.shape[0] and codes.shape[1] >= 2:  # and at least one such pair, side by side
+        col = int(rng.integers(0, codes.shape[1] - 1))
+        codes[int(rng.integers(0, codes.shape[0])), col:col + 2] = (0x00, 0x80)
+    return torch_copy(codes).view(x.dtype)
+
+
 @st.composite
 def expand_to_fused_with_sf_cases(draw) -> Case:
     """Cases of ``expand_to_fused(x, token_topk_to_pos, num_expanded_rows, x_sf)`` with a quantised x.
@@ -287,6 +300,8 @@ def expand_to_fused_with_sf_cases(draw) -> Case:
     sf_dtype = draw(_choice(SF_DTYPES))
     sf_columns = draw(_choice(SF_COLUMNS))
     x = tensor_from_bits(keyed_bits(seed, (num_tokens, hidden), dtype), dtype)
+    if dtype.is_floating_point:
+        x = _with_signed_zeros(x, np.random.default_rng([seed, 2]))
     x_sf = tensor_from_bits(keyed_bits(seed, (num_tokens, sf_columns), sf_dtype, stream=1), sf_dtype)
     # The layout travels as a parameter: a case's tensors lose their strides
     # on the way to the device and into a case file (the spec re-lays x_sf).
@@ -370,6 +385,12 @@ def _negative_zeros(rng: np.random.Generator, w: np.ndarray) -> None:
     w[rng.random(w.shape) < 0.4] = -0.0
 
 
+def _signed_zero_slots(rng: np.random.Generator, w: np.ndarray) -> None:
+    """-0.0 and +0.0 beside each other in a row: each weight keeps its zero's sign."""
+    zero = rng.random(w.shape) < 0.5
+    w[:] = np.where(zero, np.where(rng.random(w.shape) < 0.5, -0.0, 0.0), w)
+
+
 def _denormal_slots(rng: np.random.Generator, w: np.ndarray) -> None:
     mask = rng.random(w.shape) < 0.5
     w[mask] = _subnormal_fp32(rng, w.shape)[mask]
@@ -421,7 +442,14 @@ def normalize_weight_cases(draw) -> Case:
     k = draw(_choice(ROUTING_TOPK))
     num_tokens = draw(_tokens())
     base, features = _weight_recipe(draw)
-    w = build_weights(draw(_seeds()), (num_tokens, k), base, features)
+    seed = draw(_seeds())
+    w = build_weights(seed, (num_tokens, k), base, features)
+    rng = np.random.default_rng([seed, 300])
+    if num_tokens and rng.random() < 0.5:  # in some rows -0.0 beside +0.0 (the seed decides)
+        rows = _chosen_rows(rng, num_tokens, "some")
+        block = w[rows].astype(np.float64)
+        _signed_zero_slots(rng, block)
+        w[rows] = block.astype(np.float32)
     return Case(params={}, inputs={"topk_weights": torch_copy(w)})
 
 
@@ -560,8 +588,8 @@ expand_to_fused_cases = tagging("x", (
     'neg_zero:x', 'non_pow2', 'signed_zero_tie:x', 'subnormal:x',
 ))(expand_to_fused_cases)
 expand_to_fused_with_sf_cases = tagging("x", (
-    'dtype_max:x', 'empty', 'nan:x', 'nan:x_sf', 'nan_payload:x_sf',
-    'non_pow2', 'single_row', 'subnormal:x', 'subnormal:x_sf',
+    'dtype_max:x', 'empty', 'nan:x', 'nan:x_sf', 'nan_payload:x_sf', 'neg_zero:x', 'non_pow2',
+    'signed_zero_tie:x', 'single_row', 'subnormal:x', 'subnormal:x_sf',
 ))(expand_to_fused_with_sf_cases)
 reduce_fused_cases = tagging("x", (
     'dtype_max:x', 'empty', 'nan:topk_weights', 'nan:x', 'nan:x_sf',
@@ -570,5 +598,6 @@ reduce_fused_cases = tagging("x", (
     'zero_row:x',
 ))(reduce_fused_cases)
 normalize_weight_cases = tagging("topk_weights", (
-    'empty', 'non_pow2', 'single_row', 'subnormal:topk_weights', 'zero_row:topk_weights',
+    'empty', 'neg_zero:topk_weights', 'non_pow2', 'signed_zero_tie:topk_weights', 'single_row',
+    'subnormal:topk_weights', 'zero_row:topk_weights',
 ))(normalize_weight_cases)

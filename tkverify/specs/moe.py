@@ -16,11 +16,11 @@ report counts them and tests/test_classes.py fails where one has no example unde
 * moe.expand_to_fused: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,
   ``neg_zero:x``, ``non_pow2``, ``signed_zero_tie:x``, ``subnormal:x``.
 * moe.expand_to_fused_with_sf: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan:x_sf``, ``nan_payload:x_sf``,
-  ``non_pow2``, ``single_row``, ``subnormal:x``, ``subnormal:x_sf``.
+  ``neg_zero:x``, ``non_pow2``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:x``, ``subnormal:x_sf``.
 * moe.fused_mapping: ``empty``, ``non_pow2``, ``single_row``.
 * moe.group_count: ``empty``, ``non_pow2``.
-* moe.normalize_weight: ``empty``, ``non_pow2``, ``single_row``, ``subnormal:topk_weights``,
-  ``zero_row:topk_weights``.
+* moe.normalize_weight: ``empty``, ``neg_zero:topk_weights``, ``non_pow2``, ``signed_zero_tie:topk_weights``,
+  ``single_row``, ``subnormal:topk_weights``, ``zero_row:topk_weights``.
 * moe.reduce_fused: ``dtype_max:x``, ``empty``, ``nan:topk_weights``, ``nan:x``, ``nan:x_sf``,
   ``nan_payload:x``, ``neg_inf:x``, ``neg_zero:topk_weights``, ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``,
   ``signed_zero_tie:x``, ``subnormal:topk_weights``, ``subnormal:x``, ``zero_row:topk_weights``,
@@ -63,8 +63,21 @@ from tkverify.registry import BenchShape, OpSpec, register, tilelang_impl, torch
 _T, _E, _K, _H, _ALIGN = 16384, 256, 8, 7168, 128
 
 
+_ROW_PADDING = 128  # elements past each row of the strided scores' wider buffer
+
+
 def _topk_shape(device):
     return {"scores": benchshapes.randn((_T, _E), torch.float32, device)}, {"k": _K}
+
+
+def _topk_strided_shape(device):
+    """scores = buf[:, :E] of a (T, E + 128) buffer: read in place at row stride E + 128."""
+    return {"scores": benchshapes.randn((_T, _E + _ROW_PADDING), torch.float32, device)[:, :_E]}, {"k": _K}
+
+
+def _topk_bytes(i, p):
+    # the scores read (the rows' padding never is) and the indices written
+    return benchshapes.nbytes(i["scores"]) + i["scores"].shape[0] * p["k"] * 8
 
 
 def _routed_idx(device):
@@ -121,8 +134,9 @@ _SHAPE = f"T{_T} E{_E} K{_K}"
 _DATA_SHAPE = f"T{_T} K{_K} H{_H} bf16"
 # Latency-bound ops (a few MB or less): judged by time alone (target None), and against tile-kernels.
 BENCH = {
-    "moe.topk_gate": (BenchShape(f"{_SHAPE} f32", _topk_shape,
-                                 lambda i, p: benchshapes.nbytes(i["scores"]) + _T * p["k"] * 8, target=None),),
+    "moe.topk_gate": (BenchShape(f"{_SHAPE} f32", _topk_shape, _topk_bytes, target=None),
+                      BenchShape(f"{_SHAPE} f32 row stride E+{_ROW_PADDING}", _topk_strided_shape, _topk_bytes,
+                                 target=None)),
     "moe.group_count": (BenchShape(f"{_SHAPE} int64", _routed_idx,
                                    lambda i, p: benchshapes.nbytes(i["idx"]) + p["num_groups"] * 4, target=None),),
     "moe.fused_mapping": (BenchShape(f"{_SHAPE} align {_ALIGN}", _mapping_shape, _mapping_bytes, target=None),),
@@ -141,9 +155,9 @@ register(OpSpec(
     strategy=strategies.moe.topk_gate_cases,
     outputs={"indices": bitwise(torch.int64)},
     impls={
-        # The eager topk_gate takes scores at any row stride; the TileLang kernel reads dense rows.
+        # Both take scores at any row stride (the TileLang kernel reads it in place at the row stride).
         "torch": torch_impl("kernels.torch.moe:topk_gate", layouts={"scores": LAYOUTS}),
-        "tilelang": tilelang_impl("kernels.moe:topk_gate"),
+        "tilelang": dataclasses.replace(tilelang_impl("kernels.moe:topk_gate"), layouts={"scores": LAYOUTS}),
     },
     doc="Indices of the k largest scores per row: torch.sort(descending, stable) order, NaN first.",
 ))

@@ -11,22 +11,34 @@ The public swiglu function updates clamped_count in place; the spec wraps it
 
 Input classes (the differential suite tags each judged case ``class: <name>`` per class it is in,
 computed from its tensors by `strategies.quant.case_classes`; ``<class>:<input>`` names the input; the
-report counts them and tests/test_classes.py fails where one has no example under the ci profile):
+report counts them and tests/test_classes.py fails where one has no example under the ci profile).
+Besides the value classes every family has (``signed_zero_tie``: -0.0 beside +0.0 in a row, whose codes
+keep their signs; ``nan_payload``: a NaN other than the canonical quiet one, whose bits the casts must not
+read as a number), the casts' x has two saturation-edge classes, computed from x and each block's sf
+(the oracle's, or the one given: `strategies.quant.saturation_classes`): ``saturation_edge:x`` is a
+finite |x / sf| from the format's largest value max_q up to the rounding midpoint beyond it (448..464 in
+e4m3, 6..7 in e2m1, 65024..65280 in e5m6; all of it rounds to max_q), ``saturation_midpoint:x`` |x / sf|
+at that midpoint, where rounding without saturation would leave the format:
 
 * quant.cast_back: ``dtype_max:data``, ``empty``, ``nan:data``, ``nan:sf``, ``nan_payload:data``,
   ``neg_zero:data``, ``non_pow2``, ``pos_inf:sf``, ``signed_zero_tie:data``, ``single_row``,
   ``subnormal:data``, ``subnormal:sf``.
-* quant.per_block_cast: ``dtype_max:x``, ``empty``, ``nan:x``, ``neg_inf:x``, ``neg_zero:x``, ``non_pow2``,
-  ``pos_inf:x``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:x``.
-* quant.per_channel_cast: ``dtype_max:x``, ``empty``, ``nan:x``, ``neg_inf:x``, ``neg_zero:x``, ``non_pow2``,
-  ``pos_inf:x``, ``single_row``, ``subnormal:x``.
+* quant.per_block_cast: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,
+  ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``, ``saturation_edge:x``, ``signed_zero_tie:x``, ``single_row``,
+  ``subnormal:x``.
+* quant.per_channel_cast: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,
+  ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``, ``saturation_edge:x``, ``signed_zero_tie:x``, ``single_row``,
+  ``subnormal:x``.
 * quant.per_token_cast, quant.per_token_cast_with_sf_only: ``dtype_max:x``, ``empty``, ``nan:x``,
-  ``neg_zero:x``, ``non_pow2``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:x``, ``zero_row:x``.
-* quant.per_token_cast_with_precomputed_sf: ``dtype_max:x``, ``nan:sf``, ``nan:x``, ``neg_zero:x``,
-  ``non_pow2``, ``pos_inf:sf``, ``pos_inf:x``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:sf``,
-  ``subnormal:x``, ``zero_row:sf``.
-* quant.swiglu_forward_and_per_token_cast: ``empty``, ``nan:x``, ``neg_inf:x``, ``non_pow2``, ``pos_inf:x``,
-  ``single_row``, ``subnormal:x``, ``zero_row:topk_weights``.
+  ``nan_payload:x``, ``neg_zero:x``, ``non_pow2``, ``saturation_edge:x``, ``signed_zero_tie:x``,
+  ``single_row``, ``subnormal:x``, ``zero_row:x``.
+* quant.per_token_cast_with_precomputed_sf: ``dtype_max:x``, ``nan:sf``, ``nan:x``, ``nan_payload:x``,
+  ``neg_zero:x``, ``non_pow2``, ``pos_inf:sf``, ``pos_inf:x``, ``saturation_edge:x``,
+  ``saturation_midpoint:x``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:sf``, ``subnormal:x``,
+  ``zero_row:sf``.
+* quant.swiglu_forward_and_per_token_cast: ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,
+  ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:x``,
+  ``zero_row:topk_weights``.
 """
 
 from __future__ import annotations
@@ -96,16 +108,19 @@ _SF_POLICY = Decided(
 )
 
 
-# The casts' eager implementations take x at any row stride (and a slice of a batch of tokens); the
-# TileLang wrappers refuse a row stride (kernels.torch._checks.check_dense_rows) and are drawn contiguous.
+# The casts' eager implementations take x at any row stride (and a slice of a batch of tokens); so do
+# the per-token casts' and swiglu's TileLang wrappers (the token_cast kernel takes the row stride as an
+# argument), drawn in the same layouts.  per_block_cast and per_channel_cast's kernel reads dense rows
+# (kernels.torch._checks.check_dense_rows): drawn contiguous.
 X_LAYOUTS = {"x": LAYOUTS}
 
 
 def _impls(name: str, torch_target: Any = None, tilelang_target: Any = None,
-           torch_layouts: dict | None = None) -> dict:
+           torch_layouts: dict | None = None, tilelang_layouts: dict | None = None) -> dict:
+    tilelang = tilelang_impl(tilelang_target or f"kernels.quant:{name}")
     return {
         "torch": torch_impl(torch_target or f"kernels.torch.quant:{name}", layouts=torch_layouts),
-        "tilelang": tilelang_impl(tilelang_target or f"kernels.quant:{name}"),
+        "tilelang": dataclasses.replace(tilelang, layouts=dict(tilelang_layouts or {})),
     }
 
 
@@ -115,7 +130,7 @@ register(OpSpec(
     oracle=ref.per_token_cast,
     strategy=strategies.quant.per_token_cast_cases,
     outputs={"data": _DATA_POLICY, "sf": _SF_POLICY},
-    impls=_impls("per_token_cast", torch_layouts=X_LAYOUTS),
+    impls=_impls("per_token_cast", torch_layouts=X_LAYOUTS, tilelang_layouts=X_LAYOUTS),
     given=given_cast(lambda p: (1, p.get("num_per_channels", 128))),
     doc="x (T, H) in 1 x num_per_channels blocks -> (data, sf).",
 ))
@@ -126,7 +141,7 @@ register(OpSpec(
     oracle=ref.per_token_cast_with_sf_only,
     strategy=strategies.quant.per_token_cast_cases,
     outputs={"sf": _SF_POLICY},
-    impls=_impls("per_token_cast_with_sf_only", torch_layouts=X_LAYOUTS),
+    impls=_impls("per_token_cast_with_sf_only", torch_layouts=X_LAYOUTS, tilelang_layouts=X_LAYOUTS),
     given=given_sf_only,
     doc="The sf of per_token_cast alone.",
 ))
@@ -137,7 +152,7 @@ register(OpSpec(
     oracle=ref.per_token_cast_with_precomputed_sf,
     strategy=strategies.quant.precomputed_sf_cases,
     outputs={"data": _DATA_POLICY},
-    impls=_impls("per_token_cast_with_precomputed_sf", torch_layouts=X_LAYOUTS),
+    impls=_impls("per_token_cast_with_precomputed_sf", torch_layouts=X_LAYOUTS, tilelang_layouts=X_LAYOUTS),
     given=given_precomputed,
     doc="The data of x quantised with a given sf (fp32, ue8m0 or packed ue8m0): q = RNE_sat(x / sf).",
 ))
@@ -196,6 +211,7 @@ register(OpSpec(
         ReturningClampedCount("kernels.torch.quant:swiglu_forward_and_per_token_cast"),
         ReturningClampedCount("kernels.quant:swiglu_forward_and_per_token_cast"),
         torch_layouts=X_LAYOUTS,
+        tilelang_layouts=X_LAYOUTS,
     ),
     given=given_swiglu,
     doc="y = l * sigmoid(l) * r * w (clamped), per-token cast of y; clamped_count accumulates.",

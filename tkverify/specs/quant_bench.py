@@ -13,8 +13,22 @@ TOKENS, HIDDEN, SWIGLU_HIDDEN = 16384, 7168, 2048
 _DATA_BYTES = {"e4m3": 1.0, "e2m1": 0.5, "e5m6": 1.5}  # bytes of data per element
 
 
+ROW_PADDING = 128  # elements past each row of the strided rows' wider buffer (256 bytes of bf16)
+
+
 def _x_shape(params):
     return lambda device: ({"x": benchshapes.randn((TOKENS, HIDDEN), torch.bfloat16, device)}, dict(params))
+
+
+def _row_strided(shape: tuple[int, int], device) -> torch.Tensor:
+    """A bf16 (rows, cols) x as buf[:, :cols] of a (rows, cols + ROW_PADDING) buffer: row stride
+    cols + ROW_PADDING, rows 16-byte aligned (the layout of a fused QKV or gate/up buffer's slice)."""
+    rows, cols = shape
+    return benchshapes.randn((rows, cols + ROW_PADDING), torch.bfloat16, device)[:, :cols]
+
+
+def _x_strided_shape(params):
+    return lambda device: ({"x": _row_strided((TOKENS, HIDDEN), device)}, dict(params))
 
 
 def _cast_bytes(sf_rows, sf_cols):
@@ -37,6 +51,12 @@ def _cast_back_shape(device):
 def swiglu_shape(device):
     return ({"x": benchshapes.randn((TOKENS, 2 * SWIGLU_HIDDEN), torch.bfloat16, device)},
             {"fmt": "e4m3", "num_per_channels": 128})
+
+
+def swiglu_strided_shape(device):
+    """swiglu_shape's x as a slice of a wider buffer (the padding is never read: not counted)."""
+    inputs, params = swiglu_shape(device)
+    return {"x": _row_strided((TOKENS, 2 * SWIGLU_HIDDEN), device)}, params
 
 
 def swiglu_bytes(i, p):
@@ -73,6 +93,9 @@ BENCH = {
             {"fmt": "e4m3", "num_per_channels": 128, "round_sf": True, "use_ue8m0": True, "use_packed_ue8m0": True,
              "use_tma_aligned_col_major_sf": True}),
             lambda i, p: benchshapes.nbytes(i["x"]) + i["x"].numel() + i["x"].shape[0] * (HIDDEN // 128 // 4) * 4),
+        # x = buf[:, :H], row stride H + ROW_PADDING: read in place; the bytes count the data moved only
+        BenchShape(f"{_X} e4m3/128 row stride H+{ROW_PADDING}",
+                   _x_strided_shape({"fmt": "e4m3", "num_per_channels": 128}), _cast_bytes(lambda t, p: t, _per_token)),
     ),
     "quant.per_block_cast": (
         BenchShape(f"{_X} e4m3 128x128", _x_shape({"fmt": "e4m3", "block": [128, 128]}),
@@ -88,6 +111,8 @@ BENCH = {
     ),
     "quant.swiglu_forward_and_per_token_cast": (
         BenchShape(f"N{TOKENS} 2x{SWIGLU_HIDDEN} bf16 e4m3/128", swiglu_shape, swiglu_bytes),
+        BenchShape(f"N{TOKENS} 2x{SWIGLU_HIDDEN} bf16 e4m3/128 row stride 2H+{ROW_PADDING}", swiglu_strided_shape,
+                   swiglu_bytes),
         BenchShape(f"N{TOKENS} 2x{SWIGLU_HIDDEN} bf16 e4m3/128 weights clamp count", swiglu_routed_shape,
                    lambda i, p: swiglu_bytes(i, p) + i["x"].shape[0] * 8),
     ),

@@ -11,6 +11,8 @@ report counts them and tests/test_classes.py fails where one has no example unde
   ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``, ``signed_zero_tie:x``, ``subnormal:x``.
 """
 
+import dataclasses
+
 import torch
 
 import references.transpose
@@ -21,17 +23,27 @@ from tkverify.registry import BenchShape, OpSpec, register, tilelang_impl, torch
 from tkverify.policies import bitwise
 
 
-def _transpose_shape(rows: int, cols: int, dtype: torch.dtype) -> BenchShape:
-    # x read once and out written once; odd sizes are the tail tiles' cost
+ROW_PADDING = 128  # elements past each row of the strided x's wider buffer
+
+
+def _transpose_shape(rows: int, cols: int, dtype: torch.dtype, padding: int = 0) -> BenchShape:
+    """x (rows, cols); with `padding`, x = buf[:, :cols] of a buffer whose rows are `padding` longer (read in
+    place at that row stride).  x read once and out written once (the padding is never read); odd sizes
+    are the tail tiles' cost."""
     name = f"{rows}x{cols} {str(dtype).removeprefix('torch.').replace('float8_e4m3fn', 'e4m3')}"
-    return BenchShape(name, lambda device: ({"x": benchshapes.randn((rows, cols), dtype, device)}, {}),
+    if padding:
+        name += f" row stride N+{padding}"
+    return BenchShape(name, lambda device: ({"x": benchshapes.randn((rows, cols + padding), dtype, device)[:, :cols]},
+                                            {}),
                       lambda i, p: 2 * benchshapes.nbytes(i["x"]))
 
 
 BENCH = {
     "transpose.transpose": tuple(_transpose_shape(m, n, dtype)
                                  for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn)
-                                 for m, n in ((8192, 8192), (8191, 8193))),
+                                 for m, n in ((8192, 8192), (8191, 8193)))
+    + tuple(_transpose_shape(8192, 8192, dtype, ROW_PADDING)
+            for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn)),
 }
 
 for name, doc in (("transpose", "out[j, i] = x[i, j]"), ("batched_transpose", "out[b, j, i] = x[b, i, j]")):
@@ -41,9 +53,9 @@ for name, doc in (("transpose", "out[j, i] = x[i, j]"), ("batched_transpose", "o
         strategy=getattr(strategies.transpose, f"{name}_cases"),
         outputs={"out": bitwise()},
         impls={
-            # The eager transposes take x at any row (and batch) stride; the TileLang kernel reads dense rows.
+            # Both take x at any row (and batch) stride; the TileLang kernel reads it in place at its strides.
             "torch": torch_impl(f"kernels.torch.transpose:{name}", layouts={"x": LAYOUTS}),
-            "tilelang": tilelang_impl(f"kernels.transpose:{name}"),
+            "tilelang": dataclasses.replace(tilelang_impl(f"kernels.transpose:{name}"), layouts={"x": LAYOUTS}),
         },
         doc=doc,
         bench=BENCH.get(f"transpose.{name}", ()),
