@@ -109,9 +109,9 @@ def _quantised_x(draw, x: np.ndarray, npc: int) -> tuple[torch.Tensor, torch.Ten
 def backward_cast_cases(draw) -> Case:
     """quant.swiglu_backward_and_per_token_cast: e4m3 x with its sf, a bf16 / fp32 cotangent, the cast's
     format and sf options, clamp and routing."""
-    fmt = draw(rarely(st.just("e4m3"), st.sampled_from(("e2m1", "e5m6")), one_in=5))
-    hidden = draw(st.sampled_from((32, 64, 128, 256, 320) if fmt != "e5m6" else (64, 128, 256, 320)))
-    npc_choices = (hidden,) if fmt == "e5m6" else tuple(n for n in (32, 128) if hidden % n == 0) or (hidden,)
+    fmt = draw(rarely(st.just("e4m3"), st.just("e2m1"), one_in=5))  # not e5m6: one block a row straddles l, r
+    hidden = draw(st.sampled_from((32, 64, 128, 256, 320)))
+    npc_choices = tuple(n for n in (32, 128) if hidden % n == 0) or (hidden,)
     npc = draw(st.sampled_from(npc_choices))
     options = draw(sf_options(fmt))
     num_rows = draw(token_counts(2 * hidden))

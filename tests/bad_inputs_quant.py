@@ -78,7 +78,7 @@ QUANT_SWIGLU = {
             Bad("x_sf-other-columns", "x_sf", ValueError, _set("x_sf", lambda t: t[:, :3])),
             Bad("x_sf-other-rows", "x_sf", ValueError, _set("x_sf", lambda t: t[:7])),
             Bad("grad_out-other-columns", "grad_out", ValueError, _set("grad_out", lambda t: t[:, :63])),
-            Bad("e5m6-two-blocks-a-row", "num_per_channels", ValueError, _put("fmt", "e5m6")))),
+            Bad("fmt-e5m6", "fmt", ValueError, _put("fmt", "e5m6")))),
 }
 
 QUANT_SWIGLU["swiglu_forward_and_per_channel_cast_and_transpose"] = Table(

@@ -89,7 +89,7 @@ def test_expand_misaligned_view_runs_the_scalar_path(expand):
 
 @pytest.mark.parametrize("call, error, word", [
     (lambda k: k.expand_to_mhc(torch.zeros(2, 8, device="cuda"), 4), TypeError, "x"),
-    (lambda k: k.expand_to_mhc(torch.zeros(2, 8, dtype=torch.bfloat16), 4), ValueError, "cuda"),
+    (lambda k: k.expand_to_mhc(torch.zeros(2, 8, dtype=torch.bfloat16), 4), ValueError, "CUDA device"),
     (lambda k: k.expand_to_mhc(torch.zeros(2, 8, dtype=torch.bfloat16, device="cuda"), 9), ValueError, "m"),
     (lambda k: k.expand_to_mhc_bwd(torch.zeros(2, 3, 8, dtype=torch.bfloat16, device="cuda"),
                                    torch.zeros(2, 8, dtype=torch.bfloat16, device="cuda"), 4), ValueError, "grad_out"),
@@ -129,7 +129,7 @@ def test_head_forward_nonfinite_and_unvectorised(head_mix):
     (lambda k: k.head_compute_mix(torch.zeros(1, 2, 4, dtype=torch.float64, device="cuda"),
                                   torch.ones(1, dtype=torch.float64, device="cuda"),
                                   torch.zeros(4, dtype=torch.float64, device="cuda"), 0.0), TypeError, "mixes"),
-    (lambda k: k.head_compute_mix(torch.zeros(1, 2, 4), torch.ones(1), torch.zeros(4), 0.0), ValueError, "cuda"),
+    (lambda k: k.head_compute_mix(torch.zeros(1, 2, 4), torch.ones(1), torch.zeros(4), 0.0), ValueError, "CUDA device"),
     (lambda k: k.head_compute_mix_bwd(torch.zeros(1, 2, 4, device="cuda"), torch.zeros(1, 2, 4, device="cuda"),
                                       torch.ones(1, device="cuda"), torch.zeros(5, device="cuda"), 0.0),
      ValueError, "base"),

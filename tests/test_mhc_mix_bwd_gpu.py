@@ -175,13 +175,13 @@ def _post_call(k, **changed):
     (lambda k: _apply_call(k, grad_out=torch.zeros(2, 3, 16, device="cuda")), TypeError, "grad_out"),
     (lambda k: _apply_call(k, grad_out=torch.zeros(2, 3, 15, dtype=BF16, device="cuda")), ValueError, "grad_out"),
     (lambda k: _apply_call(k, mix=torch.zeros(2, 3, 4, 1, dtype=torch.float64, device="cuda")), TypeError, "mix"),
-    (lambda k: k.pre_apply_mix_bwd(*_apply_inputs(4, 16, seed=9)), ValueError, "cuda"),
+    (lambda k: k.pre_apply_mix_bwd(*_apply_inputs(4, 16, seed=9)), ValueError, "CUDA device"),
     (lambda k: k.pre_apply_mix_bwd(*_cuda(*_apply_inputs(9, 16, seed=9))), ValueError, "m"),
     (lambda k: _post_call(k, grad_out=torch.zeros(2, 3, 4, 16, device="cuda")), TypeError, "grad_out"),
     (lambda k: _post_call(k, grad_out=torch.zeros(2, 3, 16, 4, dtype=BF16, device="cuda").transpose(-1, -2)),
      ValueError, "grad_out"),
     (lambda k: _post_call(k, comb=torch.zeros(2, 3, 4, 3, device="cuda")), ValueError, "comb"),
-    (lambda k: k.post_bwd(*_post_inputs(4, 16, seed=10)), ValueError, "cuda"),
+    (lambda k: k.post_bwd(*_post_inputs(4, 16, seed=10)), ValueError, "CUDA device"),
 ])
 def test_bad_arguments_name_the_argument(mhc, call, error, word):
     with pytest.raises(error, match=word):

@@ -103,7 +103,7 @@ from tkverify import formats
 from tkverify.case import Case, save_case
 from tkverify.check import UnsupportedTally, VerificationError, excuse_known, replay_command, run_impl
 from tkverify.poison import poisoned
-from tkverify.policies import Bracket
+from tkverify.policies import Bracket, ErrorBound
 from tkverify.registry import Backward, Failure, Impl, OpSpec
 
 ORACLE = "oracle"  # the pseudo-implementation under which the oracle's gradcheck is reported
@@ -441,6 +441,15 @@ def _halfwidth(expected: Any, actual: torch.Tensor) -> torch.Tensor:
         high = np.broadcast_to(np.asarray(expected.high, dtype=np.float64), exact.shape)
         with np.errstate(invalid="ignore"):  # an infinite exact value at an infinite end: inf - inf, unbounded
             width = np.maximum(high - exact, exact - low)
+        return torch.from_numpy(np.where(np.isfinite(width), width, np.inf))
+    if isinstance(expected, ErrorBound):
+        # the working-precision error, then one rounding to the gradient's format (a whole ULP: either way)
+        exact = np.asarray(expected.exact, dtype=np.float64)
+        error = np.broadcast_to(np.asarray(expected.error, dtype=np.float64), exact.shape)
+        fmt = formats.of_dtype(actual.dtype) if isinstance(actual, torch.Tensor) and actual.is_floating_point() \
+            else formats.get(expected.fmt or "fp32")
+        with np.errstate(invalid="ignore", over="ignore"):
+            width = error + fmt.ulp(np.abs(exact) + error)
         return torch.from_numpy(np.where(np.isfinite(width), width, np.inf))
     if isinstance(actual, torch.Tensor) and actual.dtype in (torch.float32, torch.bfloat16, torch.float16):
         fmt = formats.of_dtype(actual.dtype)

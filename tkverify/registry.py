@@ -238,6 +238,9 @@ class BenchShape:
              that is written.  With it the bench can tell a write-bound miss
              (its writes alone, at the write-only rate measured in the same
              run, take longer than the target allows) from any other.
+    unread   the inputs passed for their shape and dtype only, none of whose
+             elements the op reads (a backward given x beside the saved
+             normalised input): nbytes leaves them out.
     """
 
     name: str
@@ -246,6 +249,7 @@ class BenchShape:
     flops: Callable[[dict[str, Any], dict[str, Any]], int] | None = None
     target: float | None = 0.9
     written: Callable[[dict[str, Any], dict[str, Any]], int] | None = None
+    unread: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass

@@ -61,6 +61,9 @@ def _check_backward_cast_args(x, x_sf, grad_out, fmt, num_per_channels, topk_wei
         raise ValueError(f"x must have an even, non-zero number of columns (l and r halves), got {x.shape[1]}")
     hidden = x.shape[1] // 2
     fmt = q._check_fmt(fmt)
+    if fmt == "e5m6":  # one block per row, but the gradient's blocks never straddle its l and r halves
+        raise ValueError("fmt e5m6 is not taken here: e5m6 casts a row as one block, and this cast's blocks "
+                         "stay within the gradient's l or r half (e4m3 or e2m1)")
     q._check_row_format(fmt, hidden)
     n = q._check_num_per_channels(fmt, num_per_channels, hidden)
     check_tensor("x_sf", x_sf, (torch.float32,), 2, "(N, 2H / num_per_channels)")

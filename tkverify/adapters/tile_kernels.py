@@ -145,6 +145,7 @@ def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     ValueError its own code raises (its refusal of a size, e.g. engram's "No valid blk_d for
     hidden_size=64"), becomes `Unsupported` naming it.  The same raised elsewhere (tilelang,
     torch, ours) stays an error, and so does every other exception."""
+    _working_precision(*args, *kwargs.values())
     try:
         return fn(*args, **kwargs)
     except (AssertionError, ValueError) as e:
@@ -530,11 +531,14 @@ def batched_transpose(x):
 # -- engram ------------------------------------------------------------------------------------
 
 
-def _working_precision(*tensors: torch.Tensor) -> None:
-    """The gradient checks offer float64 inputs to any implementation, which must refuse them
-    with a TypeError (not part of the kernel contract); tile-kernels has no float64 path."""
-    if any(t.dtype == torch.float64 for t in tensors):
-        raise TypeError("tile-kernels computes in working precision: float64 inputs are not taken")
+def _working_precision(*values: Any) -> None:
+    """The gradient checks offer float64 inputs to any implementation, which must refuse them with a
+    TypeError (not part of the kernel contract); tile-kernels has no float64 path, so every call into it
+    (`_call`) refuses a float64 tensor among its arguments, or in a list of them, first."""
+    for value in values:
+        tensors = value if isinstance(value, (list, tuple)) else (value,)
+        if any(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in tensors):
+            raise TypeError("tile-kernels computes in working precision: float64 inputs are not taken")
 
 
 def _kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -543,7 +547,6 @@ def _kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def engram_gate_fwd(x, k, v, w, eps=1e-6, clamp=1e-6):
-    _working_precision(x, k, v, w)
     engram = _tk("engram")
     if _gen() == 1:
         return _call(engram.engram_gate_fwd, x, k, v, w, eps, clamp, save_for_backward=True)
@@ -551,7 +554,6 @@ def engram_gate_fwd(x, k, v, w, eps=1e-6, clamp=1e-6):
 
 
 def engram_gate_bwd(grad_out, x, k, v, w, d, g, rx, rk, eps=1e-6, clamp=1e-6):
-    _working_precision(grad_out, x, k, v, w)
     engram = _tk("engram")
     hc = x.shape[1]
     if _gen() == 1:
@@ -584,7 +586,6 @@ def _sinkhorn_size(x: torch.Tensor) -> None:
 
 
 def sinkhorn(x, repeat=10, eps=1e-6):
-    _working_precision(x)
     _sinkhorn_size(x)
     if _gen() == 1:
         return _call(_tk("modeling.mhc.ops").sinkhorn_normalize, x, repeat, eps)
@@ -595,7 +596,6 @@ def sinkhorn(x, repeat=10, eps=1e-6):
 
 
 def sinkhorn_bwd(grad_out, x, repeat=10, eps=1e-6):
-    _working_precision(grad_out, x)
     _sinkhorn_size(x)
     if _gen() == 1:  # 1.0's public backward is its autograd Function's
         leaf = x.detach().clone().requires_grad_(True)

@@ -121,6 +121,10 @@ def _inf_in_x(op: str, case: Case) -> bool:
     return bool(torch.isinf(case.inputs["x"]).any())
 
 
+def _clamped_nan(op: str, case: Case) -> bool:
+    return case.params.get("clamp") is not None and bool(torch.isnan(case.inputs["x"].float()).any())
+
+
 def _no_token_some_rows(op: str, case: Case) -> bool:
     return case.inputs["x"].shape[0] == 0 and case.params["num_expanded_rows"] > 0
 
@@ -135,6 +139,13 @@ FINDINGS = (
     Finding("F4", "an empty batch: zero-size grid launch", BOTH, ("mhc.sinkhorn",), _empty, error=_EMPTY_GRID),
     Finding("F9", "an empty batch: zero-size grid launch", BOTH,
             ("mhc.post", "mhc.pre_apply_mix", "mhc.pre_split_mixes"), _empty, error=_EMPTY_GRID),
+    # On an empty batch of width 1 2.1.0's multilayer_recompute fails to compile before it would launch.
+    Finding("F15", "an empty batch: zero-size grid launch (F9 in the ends of the stack and the fused pre-block)",
+            ("2.1.0",), ("mhc.expand_to_mhc", "mhc.head_compute_mix", "mhc.norm_fn", "mhc.reduce_partials_and_rmsnorm",
+                         "mhc.multilayer_recompute"), _empty,
+            error=rf"{_EMPTY_GRID}|Explicit async copy semantics require cp.async lowering"),
+    Finding("F16", "swiglu's clamp turns a NaN into the clamp's bound (a NaN-dropping min/max)", ("2.1.0",),
+            ("quant.swiglu",), _clamped_nan, outputs=frozenset({"out"})),
     # 2.1.0 words it "no available layout found", 1.0.0 "Divide by zero".  An empty message matches too: the
     # first report of a 2.1.0 one-token case printed none (its replays print the text).
     Finding("F12", "post_mult = 0: a TileLang compile error", BOTH, ("mhc.pre_split_mixes",), _without_post,

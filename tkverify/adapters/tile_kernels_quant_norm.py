@@ -14,7 +14,7 @@ release.
 
 from __future__ import annotations
 
-from tkverify.adapters.tile_kernels import (_call, _clamp_min, _fmt, _gen, _their_sf_flags, _tk, _v, _working_precision,
+from tkverify.adapters.tile_kernels import (_call, _clamp_min, _fmt, _gen, _their_sf_flags, _tk, _v,
                                             our_sf)
 from tkverify.registry import Unsupported
 
@@ -30,7 +30,6 @@ def _require(op: str) -> None:
 
 
 def norm(x, weight=None, residual=None, eps=1e-6, out_scale=1.0):
-    _working_precision(*(t for t in (x, weight, residual) if t is not None))
     _require("quant.norm")
     out, rstd, norm_input = _call(_tk("quant").norm_forward, x, weight, eps, residual=residual,
                                   out_scale=out_scale, with_rstd=True)
@@ -39,7 +38,6 @@ def norm(x, weight=None, residual=None, eps=1e-6, out_scale=1.0):
 
 def norm_bwd(grad_out, grad_norm_input, x, weight=None, residual=None, *, rstd, norm_input, eps=1e-6,
              out_scale=1.0):
-    _working_precision(*(t for t in (grad_out, grad_norm_input, x, weight, residual) if t is not None))
     _require("quant.norm")
     grad_x, grad_weight = _call(_tk("quant").norm_backward, grad_out, norm_input, weight, rstd,
                                 residual_out_grad=grad_norm_input, out_scale=out_scale)
@@ -49,7 +47,6 @@ def norm_bwd(grad_out, grad_norm_input, x, weight=None, residual=None, *, rstd, 
 def norm_forward_and_per_token_cast(x, weight=None, residual=None, eps=1e-6, out_scale=1.0, fmt="e4m3",
                                     num_per_channels=128, *, round_sf=False, use_ue8m0=False, use_packed_ue8m0=False,
                                     use_tma_aligned_col_major_sf=False, clamp_min=None):
-    _working_precision(*(t for t in (x, weight, residual) if t is not None))
     _require("quant.norm_forward_and_per_token_cast")
     with _clamp_min(_fmt(fmt), clamp_min):
         (data, sf), _, rstd, norm_input = _call(

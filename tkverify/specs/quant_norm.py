@@ -287,7 +287,7 @@ register(OpSpec(
         given=given_backward,
         smooth=smooth,
         fd_margin=FD_MARGIN,
-        bench=(BenchShape(BENCH_NAME, _bench_backward, _backward_bytes, target=0.9),),
+        bench=(BenchShape(BENCH_NAME, _bench_backward, _backward_bytes, target=0.9, unread=("x", "residual")),),
     ),
     bench=(BenchShape(BENCH_NAME, _bench_forward, _forward_bytes, target=0.9),),
 ))
