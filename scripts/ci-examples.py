@@ -6,7 +6,7 @@
 #   * runs the differential suite's own verify (tkverify.suite.verify: the same strategy, the same layouts
 #     the torch implementation takes, hence the same draws as `pytest tests/test_differential.py` under ci)
 #     and records the example (1-based, counted as the mutant runner counts: every case drawn) at which each
-#     input class of the op's strategy is first judged (`<strategy>.classify`, strategies.quant.tagging);
+#     input class of the op's strategy is first judged (`<strategy>.classify`, strategies.classes.tagging);
 #   * runs the op's mutants of the public catalogue (tkverify.mutants.run_all, --impl torch) and reads
 #     "caught after N examples";
 # and writes a table - op, examples until every listed class was seen, the slowest class, examples until

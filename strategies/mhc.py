@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from strategies import rarely, seeds, torch_copy
-from strategies.quant import tagging
+from strategies.classes import tagging
 from tkverify.case import Case
 
 M_VALUES = tuple(range(2, 9))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from strategies import rarely, seeds
 from strategies.mhc import PRE_EPS, _bf16, _extreme_values, _f32, _mix_sizes, _nonfinite, _rows
-from strategies.quant import tagging
+from strategies.classes import tagging
 from tkverify.case import Case
 
 EXPAND_FEATURES = ("extremes", "subnormal", "signed_zero", "nonfinite")

@@ -20,7 +20,7 @@ handful of groups (many repeats), one group per row, or distinct; then masked sl
 popular or few experts, masked slots and rows, negative entries, a row naming an expert twice) and
 num_aux_topk from 1, K and K + 1.
 
-Each strategy lists the input classes it reaches (`strategies.quant.tagging`); the classes beyond the
+Each strategy lists the input classes it reaches (`strategies.classes.tagging`); the classes beyond the
 value classes of every float input are computed from the case's tensors by `group_classes` and
 `unique_classes`.
 """
@@ -36,7 +36,7 @@ from strategies import seeds, torch_copy
 from strategies.moe.gate import BASES, FEATURES, ROW_SPREADS, _pinned_values, build_scores, plant_features, \
     token_counts
 from strategies.moe.routing import routings
-from strategies.quant import tagging
+from strategies.classes import tagging
 from tkverify.case import Case
 
 # Static parameters: G groups of M experts, G * M <= 1024; DeepSeek-V3 has G = 8, M = 32.

@@ -13,7 +13,7 @@ values near the dtype's largest, zero router weights), plus the classes named he
 * ``zero_grad_row``: rows of the cotangent zero (backward with cast: an all-zero block).
 
 H runs from 1 to 320 with partial tiles (H not a multiple of 8 or of 64), rows from 0 (an empty
-batch) up.  Each case is tagged with its input classes (`strategies.quant.tagging`).
+batch) up.  Each case is tagged with its input classes (`strategies.classes.tagging`).
 """
 
 from __future__ import annotations

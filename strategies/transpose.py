@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from strategies import element_bits, keyed_bits, rarely, seeds, tensor_from_bits, unsigned_view
-from strategies.quant import tagging
+from strategies.classes import tagging
 from tkverify.case import Case
 
 # The dtypes of the three element widths the kernels support.

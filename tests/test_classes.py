@@ -1,7 +1,7 @@
 """Every input class a strategy lists is drawn under the ci profile.
 
 Each strategy of the quant, moe, transpose and mhc families tags its cases with their input classes
-(its ``classify``, `strategies.quant.tagging`; the suite tags each judged case with
+(its ``classify``, `strategies.classes.tagging`; the suite tags each judged case with
 ``hypothesis.event("class: <name>")``) and lists the classes it reaches (its ``classes``).  Here each op's strategy runs under the ci profile's settings on the CPU; a listed
 class with no example fails, and so does a listed class the family's spec docstring does not name.
 """

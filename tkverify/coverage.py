@@ -266,7 +266,7 @@ def example_labels(case: Case, listener: Listener, classify=None) -> tuple[list[
     launched = listener.take()
     classes = set(drawn_classes())
     if classify is not None:
-        from strategies.quant import tag_classes  # layer: tools read the strategies' classes
+        from strategies.classes import tag_classes  # layer: tools read the strategies' classes
 
         found = classify(case)
         tag_classes(found)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from strategies import rarely, seeds, torch_copy
-from strategies.quant import tagging
+from strategies.classes import tagging
 from tkverify.case import Case
 
 # Static parameters: E and k select a compiled kernel.  E covers 1..1024 with

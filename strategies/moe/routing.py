@@ -15,7 +15,7 @@ from hypothesis.strategies import SearchStrategy
 import references.moe
 from strategies import keyed_bits, seeds, tensor_from_bits, torch_copy
 from strategies.moe.gate import ROW_SPREADS, _chosen_rows, plant_features, token_counts
-from strategies.quant import tagging
+from strategies.classes import tagging
 from tkverify.case import Case
 
 # Every case starts from a routing: topk_idx (T, K) built like the gate's

@@ -16,7 +16,7 @@ brackets from the fp32 slope model (`slope_bound`) and, for the scale and base g
 tokens, the summation bound (`given_split_backward`).  The benchmark shapes are at the end.
 
 Input classes (the differential suite tags each judged case ``class: <name>`` per class it is in,
-computed from its tensors by `strategies.quant.case_classes`; ``<class>:<input>`` names the input; the
+computed from its tensors by `strategies.classes.case_classes`; ``<class>:<input>`` names the input; the
 report counts them and tests/test_classes.py fails where one has no example under the ci profile):
 
 * mhc.post: ``dtype_max:residual``, ``dtype_max:x``, ``empty``, ``neg_zero:comb``, ``neg_zero:residual``,

@@ -12,7 +12,7 @@ from the fp32 error model of the slope t = grad * sigmoid'(u) (`slope_error`), t
 tokens with the summation bound (`summation_error`).
 
 Input classes (the differential suite tags each judged case ``class: <name>``, computed from its
-tensors by `strategies.quant.case_classes`; ``<class>:<input>`` names the input), those each strategy
+tensors by `strategies.classes.case_classes`; ``<class>:<input>`` names the input), those each strategy
 reaches under the ci profile (tests/test_classes.py):
 
 * mhc.expand_to_mhc: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,

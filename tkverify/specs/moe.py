@@ -10,7 +10,7 @@ are judged by `summation`, from the exact terms (`reduce_fused_bound`,
 `normalize_denom_bound`), normalize_weight's weights given the implementation's own denom.
 
 Input classes (the differential suite tags each judged case ``class: <name>`` per class it is in,
-computed from its tensors by `strategies.quant.case_classes`; ``<class>:<input>`` names the input; the
+computed from its tensors by `strategies.classes.case_classes`; ``<class>:<input>`` names the input; the
 report counts them and tests/test_classes.py fails where one has no example under the ci profile):
 
 * moe.expand_to_fused: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,

@@ -10,7 +10,7 @@ The public swiglu function updates clamped_count in place; the spec wraps it
 (empty when the call had none).
 
 Input classes (the differential suite tags each judged case ``class: <name>`` per class it is in,
-computed from its tensors by `strategies.quant.case_classes`; ``<class>:<input>`` names the input; the
+computed from its tensors by `strategies.classes.case_classes`; ``<class>:<input>`` names the input; the
 report counts them and tests/test_classes.py fails where one has no example under the ci profile).
 Besides the value classes every family has (``signed_zero_tie``: -0.0 beside +0.0 in a row, whose codes
 keep their signs; ``nan_payload``: a NaN other than the canonical quiet one, whose bits the casts must not

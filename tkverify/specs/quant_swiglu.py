@@ -28,7 +28,7 @@ Where x is dequantised with an sf that is not a power of two, an element within 
 rounding of the clamp may fall on either side of it: unconstrained too.
 
 Input classes (the differential suite tags each judged case ``class: <name>``, computed from its
-tensors by `strategies.quant_swiglu.named_classes` and `strategies.quant.case_classes`):
+tensors by `strategies.quant_swiglu.named_classes` and `strategies.classes.case_classes`):
 
 * quant.swiglu: ``empty``, ``nan:x``, ``neg_inf:x``, ``non_pow2``, ``padding``, ``pos_inf:x``,
   ``saturated_l``, ``single_row``, ``subnormal:x``.

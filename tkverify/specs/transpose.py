@@ -2,7 +2,7 @@
 contract is docs/contract/transpose.md.
 
 Input classes (the differential suite tags each judged case ``class: <name>`` per class it is in,
-computed from its tensors by `strategies.quant.case_classes`; ``<class>:<input>`` names the input; the
+computed from its tensors by `strategies.classes.case_classes`; ``<class>:<input>`` names the input; the
 report counts them and tests/test_classes.py fails where one has no example under the ci profile):
 
 * transpose.batched_transpose: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,
