@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tkverify import cli, mutants, registry
 from tkverify.case import Case
-from tkverify.mutants import CAUGHT, NOT_APPLICABLE, Mutant
+from tkverify.mutants import CAUGHT, CLAIMS, MISSED, NOT_APPLICABLE, Mutant
 from tkverify.policies import ulp
 
 
@@ -57,8 +57,50 @@ def test_catalogue_covers_the_issue():
             # padding rows left unwritten on every path whose contract writes padding (caught through
             # tkverify.poison), and a tie class across the NaN / +inf boundary
             "expand_padding_rows_unwritten", "expand_sf_padding_rows_unwritten",
-            "fused_mapping_padding_rows_unwritten", "swiglu_padding_rows_unwritten", "topk_nan_tied_with_inf"} <= names
+            "fused_mapping_padding_rows_unwritten", "swiglu_padding_rows_unwritten", "topk_nan_tied_with_inf",
+            # claim regressions: inside the contract, beyond the torch claims
+            "sf_by_reciprocal", "engram_rms_reciprocal_of_sqrt"} <= names
     assert any(n.startswith("ties_away_") for n in names)
+
+
+# -- claim regressions: inside the contract, caught only by the implementation's claims ---------------------
+
+
+CLAIM_REGRESSIONS = [m for m in mutants.catalogue() if m.claim_regression]
+
+
+def test_claim_regressions_span_families():
+    assert len({m.op.split(".")[0] for m in CLAIM_REGRESSIONS}) >= 2, [m.name for m in CLAIM_REGRESSIONS]
+
+
+@pytest.mark.parametrize("mutant", CLAIM_REGRESSIONS, ids=lambda m: m.name)
+def test_a_claim_regression_passes_its_contract_and_fails_its_claims(mutant):
+    """A change that keeps an implementation inside its contract but rounds worse than its claim: the
+    contract alone misses it on every ci example, the torch claims (claims/torch.toml) catch it."""
+    (alone,) = mutants.run_all([mutant], "torch", profile="ci", claims_dir=None)
+    assert alone.status == MISSED, f"{alone.status}: {alone.detail}"
+    assert alone.examples >= settings.get_profile("ci").max_examples
+    (held,) = mutants.run_all([mutant], "torch", profile="ci")
+    assert (held.status, held.by) == (CAUGHT, CLAIMS), f"{held.status}: {held.detail}"
+    assert held.detail.startswith("beyond the claims of torch.toml: "), held.detail
+
+
+@pytest.mark.parametrize("op", sorted({m.op for m in CLAIM_REGRESSIONS}))
+def test_the_unchanged_implementation_is_within_its_claims_in_the_runner(op):
+    """No false alarm: the eager implementation itself, run as a mutant that changes nothing, draws the
+    examples the claims were measured on and stays within them."""
+    unchanged = Mutant("unchanged", op, "nothing", eager=lambda fn: fn)
+    (outcome,) = mutants.run_all([unchanged], "torch", profile="ci")
+    assert outcome.status == MISSED, f"{outcome.status}: {outcome.detail}"
+    assert outcome.detail.endswith("none beyond the claims of torch.toml"), outcome.detail
+
+
+def test_claims_hold_under_the_ci_profile_only():
+    """Other profiles draw examples the claims never saw: a mutant there is judged by the contract alone."""
+    (mutant,) = [m for m in CLAIM_REGRESSIONS if m.name == "sf_by_reciprocal"]
+    (outcome,) = mutants.run_all([mutant], "torch", profile="dev")
+    assert outcome.status == MISSED and outcome.by == ""
+    assert "claims" not in outcome.detail
 
 
 # -- the runner, on a fake op ----------------------------------------------------------------
@@ -110,6 +152,7 @@ def test_runner_reports_caught_and_missed(fake_op, tmp_path):
     assert by_name["off_far_away"]["status"] == "missed"
     assert by_name["off_far_away"]["examples"] == settings.get_profile("ci").max_examples
     assert by_name["not_here"]["status"] == NOT_APPLICABLE
+    assert by_name["triples"]["by"] == "contract" and report["claims"].endswith("claims")
     assert (tmp_path / "mutants.md").read_text().rstrip().endswith("1 of 2 mutants caught")
 
 

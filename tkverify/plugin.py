@@ -29,7 +29,7 @@ import pytest
 
 from tkverify import claims, profiles, registry
 from tkverify.case import versions
-from tkverify.report import Collector, ResultRow, meta, report_from_shards
+from tkverify.report import Collector, ResultRow, device_info, meta, report_from_shards
 from tkverify.report.shards import CASES_DIR, WORST_DIR
 
 IMPL_CHOICES = ("auto", "all", *registry.BUILTIN_IMPLS)
@@ -336,7 +336,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if (worker_id(config) is None and state["claims"] is not None and state["profile"] == "ci"
                 and state["collector"].rows):
             rows = list(state["collector"].rows.values())
-            claims.judge(rows, {"versions": versions()}, state["claims"])
+            claims.judge(rows, {"versions": versions(), **device_info()}, state["claims"])  # torch-cuda on a GPU
             _fail_on_claims(session, rows)
         return
     _write_shard(config, complete=True)

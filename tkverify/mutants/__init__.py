@@ -50,6 +50,17 @@ the profile gives either way; with ``derandomize`` (the ci profile) they are
 the same on every run.  Only a `VerificationError` counts as caught; any
 other exception (a defect of the mutant or of the checks) is an "error" and
 counts as not caught.
+
+Under the ci profile a forward mutant that passes its contract on every
+example is also held to the accuracy claims of the implementation it mutates
+(`ClaimsGate`: claims/torch.toml for eager torch on the CPU, torch-cuda.toml
+on a GPU, tilelang.toml for a TileLang kernel), judged by
+`tkverify.claims.judge` on the rows its examples fold into.  A mutant beyond
+its claim is caught "by the claims" (the report's how column says so).  The
+mutants marked ``claim_regression`` stay inside their op's contract and only
+round worse than claimed, so only the claims catch them.  ``--claims none``
+judges by the contract alone; other profiles draw examples the claims were
+not measured on and judge by the contract alone too.
 """
 
 from __future__ import annotations
@@ -70,12 +81,13 @@ import torch
 from hypothesis import Phase, settings
 from hypothesis.errors import HypothesisWarning
 
-from tkverify import profiles, registry
+from tkverify import claims, profiles, registry
 from tkverify.check import VerificationError
 
 Factory = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 CAUGHT, MISSED, ERROR, NOT_APPLICABLE = "caught", "missed", "error", "not applicable"
+CONTRACT, CLAIMS = "contract", "claims"  # what caught a mutant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +102,8 @@ class Mutant:
     backward  True: the factories take and return the op's *backward*, and the
               gradient checks judge it (the forward stays the implementation's).
     note      why a factory is missing, where one is (shown as the reason).
+    claim_regression  True: the mutant stays inside its op's contract and only rounds worse
+              than the implementation claims (claims/<impl>.toml), so only the claims catch it.
     """
 
     name: str
@@ -99,6 +113,7 @@ class Mutant:
     model: Factory | None = None
     backward: bool = False
     note: str = ""
+    claim_regression: bool = False
 
     def factory(self, impl_name: str, models: bool = False) -> tuple[Factory | None, str]:
         """(factory, "eager" or "model") for this implementation, or (None, why not)."""
@@ -116,6 +131,7 @@ class Outcome:
     status: str  # CAUGHT, MISSED, ERROR or NOT_APPLICABLE
     examples: int | None = None  # caught: examples up to and including the first failing one; missed: all tried
     how: str = ""  # "eager" or "model"
+    by: str = ""  # what caught it: CONTRACT (a verdict, or the mutant raised) or CLAIMS
     detail: str = ""  # the first failure, the error, or why not applicable
     seconds: float = 0.0
 
@@ -135,7 +151,7 @@ class Outcome:
     def as_json(self) -> dict[str, Any]:
         return {"name": self.mutant.name, "op": self.mutant.op, "breaks": self.mutant.breaks,
                 "backward": self.mutant.backward, "impl": self.impl, "status": self.status,
-                "examples": self.examples, "how": self.how, "detail": self.detail,
+                "examples": self.examples, "how": self.how, "by": self.by, "detail": self.detail,
                 "seconds": round(self.seconds, 3)}
 
 
@@ -212,10 +228,11 @@ def catalogue() -> list[Mutant]:
 class _Tracker:
     """Counts the examples drawn and notes the first failing one."""
 
-    def __init__(self) -> None:
+    def __init__(self, claims: ClaimsGate | None = None) -> None:
         self.drawn = 0
         self.first_failure: int | None = None
         self.failure = ""
+        self.claims = claims
 
     def count(self, case: Any) -> Any:
         self.drawn += 1
@@ -239,16 +256,63 @@ class _Tracker:
         bad = [c for c in comparisons if not c.passed]
         if bad:
             self.failed("; ".join(c.message.strip().splitlines()[0] for c in bad))
+        elif self.claims is not None:
+            self.claims.add(spec.name, comparisons, max(self.drawn, 1))
 
     def record_gradient(self, check, describe: str) -> None:
         if not check.passed:
             self.failed(f"[{check.check}] {check.input}: {check.message.strip().splitlines()[0] if check.message else ''}")
 
 
+class ClaimsGate:
+    """Holds a mutant of an implementation to that implementation's accuracy claims.
+
+    The verdicts of the examples fold into report rows under the mutated implementation's name, as the
+    differential suite's collector folds them, and `tkverify.claims.judge` compares the rows with
+    ``claims/<impl>.toml`` (``<impl>-cuda.toml`` for eager torch on a GPU, a release's file for a library)
+    after each example: the first example after which a row goes beyond its claim is where the claims
+    catch the mutant.  Only examples whose outputs all pass their contract are folded (a contract failure
+    catches the mutant on its own, and `judge` holds passing rows only).
+    """
+
+    def __init__(self, impl: registry.Impl, claims_dir: Path) -> None:
+        from tkverify.case import versions
+
+        self.impl = impl.name
+        self.claims_dir = claims_dir
+        self.meta: dict[str, Any] = {"versions": versions()}
+        if impl.device == "cuda" or (impl.device == "auto" and torch.cuda.is_available()):
+            from tkverify.report.files import device_info
+
+            self.meta.update(device_info())  # names the compute capability: the GPU's claims file
+        self.rows: dict[tuple[Any, ...], Any] = {}
+        self.first_beyond: int | None = None
+        self.beyond = ""
+
+    @property
+    def file(self) -> Path:
+        return self.claims_dir / claims.file_name(self.impl, self.meta)
+
+    def add(self, op: str, comparisons: list[Any], example: int) -> None:
+        """Fold one example's verdicts (all passing) and note the first example that goes beyond a claim."""
+        from tkverify.report.rows import ResultRow, fold_into
+
+        for c in comparisons:
+            fold_into(self.rows, ResultRow.of(op, self.impl, c))
+        if self.first_beyond is not None:
+            return
+        exceeded = claims.judge(list(self.rows.values()), dict(self.meta), self.claims_dir)
+        if exceeded:
+            self.first_beyond = example
+            self.beyond = f"beyond the claims of {self.file.name}: " + "; ".join(
+                f"{r.output} {r.format}: {claims.exceeded_text(r)}" for r in exceeded)
+
+
 @contextlib.contextmanager
 def hypothesis_profile(name: str, shrink: bool = False) -> Iterator[settings]:
     """The named tkverify profile (without its shrink phase unless `shrink`), restored afterwards."""
     profiles.register_profiles()
+    profiles.pin_constant_pool()  # the draws the differential suite makes (and the claims were measured on)
     if name not in profiles.PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose from {', '.join(profiles.PROFILES)}")
     base = settings.get_profile(name)
@@ -281,8 +345,12 @@ def temporary_name(mutant: Mutant) -> str:
     return f"mutant:{mutant.name}"
 
 
-def run_mutant(mutant: Mutant, impl_name: str = "torch", *, models: bool = False) -> Outcome:
-    """Run one mutant under the hypothesis profile in force (see `hypothesis_profile`)."""
+def run_mutant(mutant: Mutant, impl_name: str = "torch", *, models: bool = False,
+               claims_dir: Path | None = None) -> Outcome:
+    """Run one mutant under the hypothesis profile in force (see `hypothesis_profile`).
+
+    With `claims_dir`, a forward mutant whose every example passes the contract is also held to the claims
+    of the implementation it mutates (`ClaimsGate`); beyond them it is caught "by the claims"."""
     from tkverify import gradients, suite
 
     start = time.perf_counter()
@@ -309,7 +377,8 @@ def run_mutant(mutant: Mutant, impl_name: str = "torch", *, models: bool = False
     if factory is None:
         return outcome(NOT_APPLICABLE, detail=how)
 
-    tracker = _Tracker()
+    gate = ClaimsGate(base, claims_dir) if claims_dir is not None and not mutant.backward else None
+    tracker = _Tracker(gate)
     try:
         broken = tracker.guarded(factory(base.function()))
     except Exception as e:  # the factory itself no longer fits the implementation
@@ -329,7 +398,7 @@ def run_mutant(mutant: Mutant, impl_name: str = "torch", *, models: bool = False
     except Exception as e:
         errors = _verification_errors(e)
         if errors:
-            return outcome(CAUGHT, examples=tracker.first_failure or tracker.drawn, how=how,
+            return outcome(CAUGHT, examples=tracker.first_failure or tracker.drawn, how=how, by=CONTRACT,
                            detail=tracker.failure or _first_line(str(errors[0])))
         return outcome(ERROR, examples=tracker.drawn, how=how,
                        detail=f"{type(e).__name__}: {_first_line(str(e))}")
@@ -340,18 +409,25 @@ def run_mutant(mutant: Mutant, impl_name: str = "torch", *, models: bool = False
             impl.pop(name, None)
             if saved[where] is not None:
                 impl[name] = saved[where]
+    if gate is not None and gate.first_beyond is not None:
+        return outcome(CAUGHT, examples=gate.first_beyond, how=how, by=CLAIMS, detail=gate.beyond)
     return outcome(MISSED, examples=tracker.drawn, how=how,
-                   detail=f"no disagreement in {tracker.drawn} examples")
+                   detail=f"no disagreement in {tracker.drawn} examples"
+                   + ("" if gate is None else f", none beyond the claims of {gate.file.name}"))
 
 
 def run_all(mutants: Iterable[Mutant], impl_name: str = "torch", *, profile: str = "ci", models: bool = False,
-            shrink: bool = False, progress: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+            shrink: bool = False, progress: Callable[[Outcome], None] | None = None,
+            claims_dir: Path | None = claims.DEFAULT_DIR) -> list[Outcome]:
+    """Run each mutant under `profile`.  The claims (`claims_dir`; None: none) hold under the ci profile only,
+    whose fixed draws they were measured on: under another profile a mutant is judged by the contract alone."""
+    claims_dir = claims_dir if profile == "ci" else None
     outcomes = []
     with hypothesis_profile(profile, shrink), warnings.catch_warnings():
         # Reporting a failing case repr()s its tensors; its size is no concern here.
         warnings.filterwarnings("ignore", message="Generating overly large repr", category=HypothesisWarning)
         for m in mutants:
-            o = run_mutant(m, impl_name, models=models)
+            o = run_mutant(m, impl_name, models=models, claims_dir=claims_dir)
             outcomes.append(o)
             if progress is not None:
                 progress(o)
@@ -381,14 +457,19 @@ def _op_label(m: Mutant) -> str:
     return m.op + (" (backward)" if m.backward else "")
 
 
+def _how(o: Outcome) -> str:
+    """How the mutant was built, and "by the claims" where only its implementation's claims caught it."""
+    return (o.how or "-") + (" by the claims" if o.by == CLAIMS else "")
+
+
 def _row(o: Outcome) -> tuple[str, ...]:
-    return (o.mutant.name, _op_label(o.mutant), o.how or "-", f"{o.seconds:.1f}s", o.result())
+    return (o.mutant.name, _op_label(o.mutant), _how(o), f"{o.seconds:.1f}s", o.result())
 
 
 def _widths(mutants: list[Mutant]) -> list[int]:
     """Column widths from the names (the result column, last, takes what it needs)."""
     return [max([len(_COLUMNS[0]), *(len(m.name) for m in mutants)]),
-            max([len(_COLUMNS[1]), *(len(_op_label(m)) for m in mutants)]), 5, 6, 0]
+            max([len(_COLUMNS[1]), *(len(_op_label(m)) for m in mutants)]), len("model by the claims"), 6, 0]
 
 
 def format_row(cells: tuple[str, ...], widths: list[int]) -> str:
@@ -415,11 +496,29 @@ def closing_lines(outcomes: list[Outcome]) -> list[str]:
     return lines
 
 
-def markdown(outcomes: list[Outcome], impl_name: str, profile: str, models: bool) -> str:
+def claims_line(claims_dir: Path | None, profile: str) -> str:
+    """Which claims the mutants were held to, in a sentence."""
+    if claims_dir is None or profile != "ci":
+        return "Claims: none (each mutant judged by its op's contract alone)."
+    return (f"Claims: each mutant is also held to the accuracy claims of the implementation it mutates "
+            f"(`{_shown(claims_dir)}/<impl>.toml`); \"by the claims\": inside the contract, beyond the claim.")
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working folder where it lies below it (reports stay the same on every machine)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def markdown(outcomes: list[Outcome], impl_name: str, profile: str, models: bool,
+             claims_dir: Path | None = None) -> str:
     lines = [f"# Mutation report: `--impl {impl_name}` `--profile {profile}`" + (" (models)" if models else ""), "",
+             claims_line(claims_dir, profile), "",
              "| mutant | op | breaks | result | how | time |", "|---|---|---|---|---|---|"]
     for o in outcomes:
-        cells = [o.mutant.name, _op_label(o.mutant), o.mutant.breaks, o.result(), o.how or "-", f"{o.seconds:.1f}s"]
+        cells = [o.mutant.name, _op_label(o.mutant), o.mutant.breaks, o.result(), _how(o), f"{o.seconds:.1f}s"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines.append("")
     failures = [o for o in outcomes if o.status in (CAUGHT, MISSED, ERROR)]
@@ -431,7 +530,8 @@ def markdown(outcomes: list[Outcome], impl_name: str, profile: str, models: bool
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, outcomes: list[Outcome], impl_name: str, profile: str, models: bool) -> list[Path]:
+def write_report(out: Path, outcomes: list[Outcome], impl_name: str, profile: str, models: bool,
+                 claims_dir: Path | None = None) -> list[Path]:
     """The markdown and json reports: `out` names either (PATH.md / PATH.json, written side by side) or a folder."""
     out = Path(out)
     if out.suffix in (".md", ".json"):
@@ -439,10 +539,11 @@ def write_report(out: Path, outcomes: list[Outcome], impl_name: str, profile: st
     else:
         md, js = out / "mutants.md", out / "mutants.json"
     md.parent.mkdir(parents=True, exist_ok=True)
-    md.write_text(markdown(outcomes, impl_name, profile, models))
+    md.write_text(markdown(outcomes, impl_name, profile, models, claims_dir))
     counted = [o for o in outcomes if o.counted]
     js.write_text(json.dumps({
         "impl": impl_name, "profile": profile, "models": models,
+        "claims": None if claims_dir is None or profile != "ci" else _shown(claims_dir),
         "caught": sum(o.status == CAUGHT for o in counted), "total": len(counted),
         "summary": summary_line(outcomes), "mutants": [o.as_json() for o in outcomes],
     }, indent=2) + "\n")
@@ -463,25 +564,31 @@ def configure_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--models", action="store_true",
                    help="use the implementation-independent models (the ones the GPU runs) even for torch")
     p.add_argument("--shrink", action="store_true", help="keep hypothesis' shrink phase (slower; N is unchanged)")
+    p.add_argument("--claims", default=None, metavar="DIR",
+                   help="hold each mutant to the accuracy claims of the implementation it mutates in DIR under the "
+                        "ci profile (default: TKVERIFY_CLAIMS, else the repository's claims/; none: the contract "
+                        "alone)")
     p.add_argument("--list", action="store_true", dest="list_only", help="print the catalogue and exit")
     return p
 
 
 def run_command(mutants: list[Mutant], impl_name: str, profile: str, *, models: bool = False, shrink: bool = False,
-                out: Path | None = None, stream=None) -> int:
+                out: Path | None = None, stream=None, claims_dir: Path | None = claims.DEFAULT_DIR) -> int:
     """Run, print the table as it fills and the closing lines; write the report; return the exit code."""
     stream = stream or sys.stdout
     widths = _widths(mutants)
     print(f"mutants of --impl {impl_name}, profile {profile}" + (" (models)" if models else "")
           + f": {len(mutants)} declared", file=stream)
+    print(claims_line(claims_dir, profile), file=stream)
     print(format_row(_COLUMNS, widths), file=stream, flush=True)
 
     def progress(o: Outcome) -> None:
         print(format_row(_row(o), widths), file=stream, flush=True)
 
-    outcomes = run_all(mutants, impl_name, profile=profile, models=models, shrink=shrink, progress=progress)
+    outcomes = run_all(mutants, impl_name, profile=profile, models=models, shrink=shrink, progress=progress,
+                       claims_dir=claims_dir)
     if out is not None:
-        for path in write_report(out, outcomes, impl_name, profile, models):
+        for path in write_report(out, outcomes, impl_name, profile, models, claims_dir):
             print(f"report: {path}", file=stream)
     for line in closing_lines(outcomes):
         print(line, file=stream)
@@ -506,4 +613,5 @@ def main(args: argparse.Namespace) -> int:
             print(f"{m.name:32} {m.op + (' (backward)' if m.backward else ''):40} {'+'.join(kinds) or '-':12} "
                   f"{m.breaks}")
         return 0
-    return run_command(mutants, args.impl, args.profile, models=args.models, shrink=args.shrink, out=args.out)
+    return run_command(mutants, args.impl, args.profile, models=args.models, shrink=args.shrink, out=args.out,
+                       claims_dir=claims.claims_dir_from(args.claims))

@@ -189,6 +189,25 @@ def model_clamp_min_ignored(cast: Callable[..., Any]) -> Callable[..., Any]:
     return broken
 
 
+def eager_sf_by_reciprocal(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The eager ``_scales`` taking the fp32 sf (no round_sf) as amax * fp32(1 / max_q), not amax / max_q: one
+    rounding more (1 / max_q is inexact for 448, 6 and 65024), up to about an ULP off where the division is
+    correctly rounded.  The data is quantised with that sf, as a kernel that multiplies by the reciprocal
+    quantises with the sf it computed; the contract's fp32 window admits it, the torch claim does not."""
+    scales, blocks = original(EAGER, "_scales"), original(EAGER, "_blocks")
+    max_q = original(EAGER, "MAX_Q")
+
+    def by_reciprocal(y, fmt, block, round_sf, clamp_min):
+        sf = scales(y, fmt, block, round_sf, clamp_min)
+        if round_sf:  # the power of two is taken from amax itself: no rounding to change
+            return sf
+        a = torch.clamp_min(blocks(y, block).abs().amax(dim=-1), clamp_min)
+        reciprocal = torch.tensor(1.0 / max_q[fmt], dtype=torch.float32)
+        return torch.where(torch.isnan(sf), sf, a * reciprocal)
+
+    return patched(fn, EAGER, _scales=by_reciprocal)
+
+
 # -- swiglu -----------------------------------------------------------------------------------------
 
 
@@ -271,6 +290,10 @@ MUTANTS = [
     Mutant("clamp_min_ignored", "quant.per_token_cast",
            "amax is not clamped to clamp_min before the sf is taken",
            eager=eager_clamp_min_ignored, model=model_clamp_min_ignored),
+    Mutant("sf_by_reciprocal", "quant.per_token_cast",
+           "the fp32 sf is amax * fp32(1 / max_q), one rounding more than amax / max_q (inside the contract's "
+           "window, beyond the torch claim)",
+           eager=eager_sf_by_reciprocal, claim_regression=True),
     Mutant("swiglu_clamp_one_sided", "quant.swiglu_forward_and_per_token_cast",
            "the SwiGLU clamp bounds r from above only (r = min(r, c)), not to [-c, c]",
            model=one_sided_clamp),
