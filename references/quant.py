@@ -263,7 +263,7 @@ def data_width(data_cols: int, fmt: str) -> int:
 # -- the casts ------------------------------------------------------------------------
 
 
-def _cast(
+def cast_in_blocks(
     x: Any,
     fmt: str,
     block: tuple[int, int],
@@ -273,6 +273,8 @@ def _cast(
     use_tma_aligned_col_major_sf: bool,
     clamp_min: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(data, sf) of x cut into `block`-shaped blocks: the exact scales, stored as the flags ask, and the
+    codes of x / sf."""
     x64 = as_float64(x)
     sf = stored_scales(exact_scales(x64, fmt, block, round_sf, clamp_min))
     data = pack_data(encode_elements(quotients(x64, sf, block), fmt), fmt)
@@ -296,7 +298,7 @@ def per_token_cast(
     clamp_min: float | None = None,
 ):
     """(data, sf) of x (T, H) cut into 1 x num_per_channels blocks."""
-    return _cast(
+    return cast_in_blocks(
         x, fmt, (1, num_per_channels), round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min
     )
 
@@ -344,7 +346,8 @@ def per_block_cast(
     clamp_min: float | None = None,
 ):
     """(data, sf) of x (T, H) cut into bm x bk blocks (sf (ceil(T/bm), H/bk))."""
-    return _cast(x, fmt, tuple(block), round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
+    return cast_in_blocks(x, fmt, tuple(block), round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
+                          clamp_min)
 
 
 def per_channel_cast(
@@ -359,7 +362,7 @@ def per_channel_cast(
     clamp_min: float | None = None,
 ):
     """(data, sf) of x (T, H) cut into num_per_tokens x 1 blocks (sf (ceil(T/npt), H))."""
-    return _cast(
+    return cast_in_blocks(
         x, fmt, (num_per_tokens, 1), round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min
     )
 
@@ -473,16 +476,9 @@ def swiglu_forward_and_per_token_cast(
     """
     y, _, _, _, _, counts = swiglu_rows(x, topk_weights, pos_to_token_topk, clamp)
     y = fp32_range(y)
-    block = (1, num_per_channels)
-    sf = stored_scales(exact_scales(y, fmt, block, round_sf, clamp_min))
-    data = pack_data(encode_elements(quotients(y, sf, block), fmt), fmt)
-    sf_out = store_sf(
-        sf,
-        use_ue8m0=use_ue8m0,
-        use_packed_ue8m0=use_packed_ue8m0,
-        use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
-    )
-    return data, sf_out, updated_count(clamped_count, counts)
+    data, sf = cast_in_blocks(y, fmt, (1, num_per_channels), round_sf, use_ue8m0, use_packed_ue8m0,
+                              use_tma_aligned_col_major_sf, clamp_min)
+    return data, sf, updated_count(clamped_count, counts)
 
 
 def fp32_range(y: np.ndarray) -> np.ndarray:

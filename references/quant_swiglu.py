@@ -164,12 +164,9 @@ def swiglu_backward_and_per_token_cast(
     """
     grad = SwigluTerms(dequantised_x(x, x_sf), topk_weights, pos_to_token_topk, clamp).backward(grad_out)
     grad = ref.fp32_range(grad)
-    block = (1, num_per_channels)
-    sf = ref.stored_scales(ref.exact_scales(grad, fmt, block, round_sf, clamp_min))
-    data = ref.pack_data(ref.encode_elements(ref.quotients(grad, sf, block), fmt), fmt)
-    sf_out = ref.store_sf(sf, use_ue8m0=use_ue8m0, use_packed_ue8m0=use_packed_ue8m0,
-                          use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf)
-    return rounded(grad, "bf16"), data, sf_out
+    data, sf = ref.cast_in_blocks(grad, fmt, (1, num_per_channels), round_sf, use_ue8m0, use_packed_ue8m0,
+                                  use_tma_aligned_col_major_sf, clamp_min)
+    return rounded(grad, "bf16"), data, sf
 
 
 def swiglu_forward_and_per_channel_cast_and_transpose(
@@ -188,9 +185,6 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     """(data, sf): the per-channel cast (num_per_tokens x 1 blocks) of y (N, H), data transposed to (H, N)
     unless transpose is False; sf (ceil(N / num_per_tokens), H) in the storage the flags ask for."""
     y = ref.fp32_range(SwigluTerms(as_float64(x), clamp=clamp).forward())
-    block = (num_per_tokens, 1)
-    sf = ref.stored_scales(ref.exact_scales(y, fmt, block, round_sf, clamp_min))
-    data = ref.pack_data(ref.encode_elements(ref.quotients(y, sf, block), fmt), fmt)
-    sf_out = ref.store_sf(sf, use_ue8m0=use_ue8m0, use_packed_ue8m0=use_packed_ue8m0,
-                          use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf)
-    return (data.t().contiguous() if transpose else data), sf_out
+    data, sf = ref.cast_in_blocks(y, fmt, (num_per_tokens, 1), round_sf, use_ue8m0, use_packed_ue8m0,
+                                  use_tma_aligned_col_major_sf, clamp_min)
+    return (data.t().contiguous() if transpose else data), sf

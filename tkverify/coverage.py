@@ -126,6 +126,158 @@ def _dropped_pairs(case: Case) -> bool:
 
 _ROWS_X = _rows("x")
 
+
+def _partial_tile(units: Callable[[Case, Any], int], per_tile: Callable[[Any], int]) -> Callable[[Case, Any], bool]:
+    """A predicate: the `units` (threads, vectors, rows) of the launch do not fill whole tiles (CTAs or
+    sweeps of `per_tile(config)`): the last one runs with lanes idle past the end."""
+    return lambda case, config: units(case, config) % per_tile(config) != 0
+
+
+def _vectors(elements: Callable[[Case], int], vector: int) -> Callable[[Case, Any], int]:
+    """The vectors `elements` split into: `vector` a vector on a vectorised configuration, 1 otherwise."""
+    return lambda case, config: -(-elements(case) // (vector if config.vectorized else 1))
+
+
+def _scalar_tail(elements: Callable[[Case], int], vector: int, name: str = "hidden_tail") -> Boundary:
+    """The scalar configuration's own trigger: a size not a multiple of the 16-byte vector (a misaligned
+    tensor is the other one)."""
+    return Boundary(name, lambda case, config: elements(case) % vector != 0, lambda config: not config.vectorized)
+
+
+def _token_vector_classes(rows: Callable[[Case], int], hidden: Callable[[Case], int]) -> tuple[Boundary, ...]:
+    """The mHC bf16 per-token vector kernels (`kernels.mhc.shared._launch_token_vectors`): a CTA of
+    MIX_THREADS vectors of one token's row, 8 bf16 a vector where vectorised."""
+    from kernels.mhc.shared import MIX_THREADS, MIX_VECTOR  # layer: tile sizes, no tilelang
+
+    return (single_row(rows),
+            Boundary("partial_block", _partial_tile(_vectors(hidden, MIX_VECTOR), lambda config: MIX_THREADS)),
+            _scalar_tail(hidden, MIX_VECTOR))
+
+
+def _quant_norm_classes(column: bool) -> tuple[Boundary, ...]:
+    """quant.norm's kernels (kernels.quant.norm): a CTA of THREADS threads sweeps a row's vectors (norm_fwd,
+    norm_bwd), or THREADS column vectors of a split of ROWS_PER_SPLIT rows (norm_wgrad)."""
+    from kernels.quant.norm import _VECTOR, ROWS_PER_SPLIT, THREADS  # layer: tile sizes, no tilelang
+
+    hidden = _last("x")
+
+    def vectors(case, config):
+        return -(-hidden(case) // (_VECTOR[config.dtype] if config.vectorized else 1))
+
+    classes = (single_row(_ROWS_X), Boundary("partial_block", _partial_tile(vectors, lambda config: THREADS)),
+               Boundary("hidden_tail", lambda case, config: hidden(case) % _VECTOR[config.dtype] != 0,
+                        lambda config: not config.vectorized))
+    if column:
+        classes += (Boundary("partial_split", lambda case, config: _ROWS_X(case) % ROWS_PER_SPLIT != 0),)
+    return classes
+
+
+def _mhc_fused_norm_classes(bwd: bool) -> tuple[Boundary, ...]:
+    """mhc.norm_fn (one thread a vector of fn (M, K)) and its backward (one thread a column vector)."""
+    from kernels.mhc.fused_norm import THREADS, VECTOR  # layer: tile sizes, no tilelang
+
+    k = _last("fn")
+    rows = _rows("fn")
+
+    def threads(case, config):
+        per_row = -(-k(case) // (VECTOR if config.vectorized else 1))
+        return per_row if bwd else rows(case) * per_row
+
+    return (single_row(rows), Boundary("partial_block", _partial_tile(threads, lambda config: THREADS)),
+            _scalar_tail(k, VECTOR, "k_tail"))
+
+
+def _mhc_reduce_classes(bwd: bool) -> tuple[Boundary, ...]:
+    """mhc.reduce_partials_and_rmsnorm: one thread an (token, column) of out_mul_splitted (S, N, G, M);
+    its backward one thread a (token, group)."""
+    from kernels.mhc.fused_norm import THREADS  # layer: tile sizes, no tilelang
+
+    def threads(case, config):
+        _, tokens, groups, width = case.inputs["out_mul_splitted"].shape
+        return tokens * (groups if bwd else width)
+
+    return (Boundary("single_row", lambda case, config: case.inputs["out_mul_splitted"].shape[1] == 1),
+            Boundary("single_split", lambda case, config: case.inputs["out_mul_splitted"].shape[0] == 1),
+            Boundary("partial_block", _partial_tile(threads, lambda config: THREADS)))
+
+
+def _engram_hash_elements(case: Case, config) -> int:
+    """engram.hash: one thread an output element, T tokens times the L (N - 1) K tables of vocab_sizes."""
+    return case.inputs["ngram_token_ids"].shape[0] * case.inputs["vocab_sizes"].numel()
+
+
+def _new_kernel_classes() -> dict[str, tuple[Boundary, ...]]:
+    """The boundary classes of the mHC head/fused-norm/backward, quant.norm, swiglu, grouped-routing and
+    Engram hash/fused-weight kernels, read from their wrappers' tile sizes and dispatch."""
+    from kernels.engram.fused_weight import FUSED_THREADS, FUSED_VECTOR  # layer: tile sizes, no tilelang
+    from kernels.engram.hash import HASH_THREADS
+    from kernels.mhc.head_mix import BWD_THREADS, ELEMENT_THREADS, FP32_VECTOR
+    from kernels.mhc.split_mixes_bwd import SPLIT_BWD_THREADS
+    from kernels.quant.swiglu_plain import SWIGLU_VECTOR
+
+    tokens_x2 = _rows("x", 2)
+    mixes_total = lambda case: case.inputs["mixes"].numel()  # noqa: E731
+    mixes_rows = _rows("mixes")
+    swiglu_hidden = lambda case: case.inputs["x"].shape[-1] // 2  # noqa: E731
+    weight_elements = lambda case: case.inputs["weight_hidden"].numel()  # noqa: E731
+    padded_streams = Boundary("padded_streams", lambda case, config: case.inputs["comb"].shape[-1] < config.padded)
+    return {
+        "mhc.expand_to_mhc": _token_vector_classes(_ROWS_X, _last("x")),
+        "mhc.expand_to_mhc_bwd": _token_vector_classes(_ROWS_X, _last("x")),
+        "mhc.pre_apply_mix_bwd": (single_row(tokens_x2), _scalar_tail(_last("x"), 8)),
+        "mhc.post_bwd": (single_row(_ROWS_X), _scalar_tail(_last("x"), 8), padded_streams),
+        "mhc.pre_split_mixes_bwd": (
+            single_row(mixes_rows),
+            Boundary("padded_mixes", lambda case, config: mixes_total(case) // max(mixes_rows(case), 1)
+                     < config.padded * (config.padded + 2)),
+            Boundary("partial_block", _partial_tile(lambda case, config: mixes_rows(case),
+                                                    lambda config: SPLIT_BWD_THREADS)),
+        ),
+        "mhc.sinkhorn_bwd": BOUNDARY_SINKHORN,
+        "mhc.head_compute_mix": (
+            single_row(mixes_rows),
+            Boundary("partial_block", _partial_tile(_vectors(mixes_total, FP32_VECTOR),
+                                                    lambda config: ELEMENT_THREADS)),
+            _scalar_tail(mixes_total, FP32_VECTOR, "element_tail"),
+        ),
+        "mhc.head_compute_mix_bwd": (
+            single_row(mixes_rows),
+            Boundary("partial_block", _partial_tile(lambda case, config: mixes_rows(case),
+                                                    lambda config: BWD_THREADS)),
+        ),
+        "mhc.norm_fn": _mhc_fused_norm_classes(bwd=False),
+        "mhc.norm_fn_bwd": _mhc_fused_norm_classes(bwd=True),
+        "mhc.reduce_partials_and_rmsnorm": _mhc_reduce_classes(bwd=False),
+        "mhc.reduce_partials_and_rmsnorm_bwd": _mhc_reduce_classes(bwd=True),
+        "quant.norm_fwd": _quant_norm_classes(column=False),
+        "quant.norm_bwd": _quant_norm_classes(column=False),
+        "quant.norm_wgrad": _quant_norm_classes(column=True),
+        "quant.swiglu_plain": (
+            single_row(_ROWS_X),
+            Boundary("hidden_tail", lambda case, config: swiglu_hidden(case) % SWIGLU_VECTOR != 0,
+                     lambda config: config.vec == 1),
+            Boundary("routed", lambda case, config: case.inputs.get("pos_to_token_topk") is not None),
+        ),
+        "moe.topk_sum_and_topk_group_idx": (single_row(_rows("scores", 2)),),
+        "moe.unique_group_indices": (single_row(_rows("group_indices")),),
+        "moe.aux_fi": (single_row(_rows("topk_idx")),),
+        "engram.gate_bwd": (single_row(tokens_x2),),
+        "engram.hash": (
+            single_row(lambda case: case.inputs["ngram_token_ids"].shape[0]),
+            Boundary("partial_block", _partial_tile(_engram_hash_elements, lambda config: HASH_THREADS)),
+            Boundary("image_tokens", lambda case, config: case.inputs.get("image_token_mask") is not None),
+        ),
+        "engram.fused_weight": (
+            Boundary("partial_block", _partial_tile(_vectors(weight_elements, FUSED_VECTOR),
+                                                    lambda config: FUSED_THREADS)),
+        ),
+    }
+
+BOUNDARY_SINKHORN = (
+    single_row(_rows("x", 2)),
+    Boundary("padded_matrix", lambda case, config: _last("x")(case) < config.padded),
+)
+
 # kernel name -> its boundary classes.  A kernel's classes are those of the cases that reach a launch:
 # an empty batch returns before any (the `NO_LAUNCH` label counts it).
 BOUNDARY: dict[str, tuple[Boundary, ...]] = {
@@ -173,10 +325,7 @@ BOUNDARY: dict[str, tuple[Boundary, ...]] = {
         Boundary("dropped_pairs", lambda case, config: _dropped_pairs(case)),
     ),
     "moe.normalize_weight": (single_row(_rows("topk_weights")),),
-    "mhc.sinkhorn": (
-        single_row(_rows("x", 2)),
-        Boundary("padded_matrix", lambda case, config: _last("x")(case) < config.padded),
-    ),
+    "mhc.sinkhorn": BOUNDARY_SINKHORN,
     "mhc.pre_split_mixes": (single_row(_rows("mixes")),),
     "mhc.pre_apply_mix": (single_row(_rows("x", 2)),),
     "mhc.post": (
@@ -184,6 +333,7 @@ BOUNDARY: dict[str, tuple[Boundary, ...]] = {
         Boundary("padded_streams", lambda case, config: case.inputs["comb"].shape[-1] < config.padded),
     ),
     "engram.gate_fwd": (single_row(_rows("x", 2)),),
+    **_new_kernel_classes(),
 }
 
 # The classes of an example that launched nothing.
@@ -241,19 +391,23 @@ class Listener:
         return launched
 
 
-def listening(impl: registry.Impl, listener: Listener) -> registry.Impl:
+def listening(impl: registry.Impl, listener: Listener, *, accumulate: bool = False) -> registry.Impl:
     """`impl` whose every call records into `listener` the kernels it launched
-    (`kernels._tilelang.launches`); `impl` itself where kernels cannot be imported."""
+    (`kernels._tilelang.launches`); `impl` itself where kernels cannot be imported.  A call replaces
+    what an earlier one recorded (one call per judged example: the differential suite), or with
+    `accumulate` adds to what the calls since the last `Listener.take` launched (the gradient checks
+    call a backward several times per example)."""
     try:
         from kernels import _tilelang  # layer: the process-local launch recorder only (no tilelang)
     except ImportError:
         return impl
 
     def call(*args, **kwargs):
+        before = (listener.launched or []) if accumulate else []
         listener.launched = None
         with _tilelang.launches() as heard:
             result = impl.function()(*args, **kwargs)
-        listener.launched = list(heard)
+        listener.launched = before + list(heard)
         return result
 
     return dataclasses.replace(impl, target=call)

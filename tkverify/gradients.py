@@ -84,10 +84,16 @@ steps, GRADCHECK_EPS in u, are smaller still).
 
 Failures save the case (with the cotangent seed) beside the forward's case
 files; ``tkverify replay`` runs the gradient checks again on it.
+
+Coverage: with ``record_coverage``, `verify` records per judged example the
+kernels the implementation's backward launched (every call of the example's
+checks) and the example's input classes, as the differential suite does for a
+forward (`tkverify.coverage`), under the row ``<op> (backward)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
@@ -99,7 +105,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
-from tkverify import formats
+from tkverify import coverage, formats
 from tkverify.case import Case, save_case
 from tkverify.check import UnsupportedTally, VerificationError, excuse_known, replay_command, run_impl
 from tkverify.poison import poisoned
@@ -654,6 +660,52 @@ def _zero_where_unused(weight: torch.Tensor, width: torch.Tensor) -> torch.Tenso
 # -- running, recording, replaying -----------------------------------------------------
 
 
+def backward_row(op: str) -> str:
+    """The report row (op name) under which the gradient checks of `op` count refusals and coverage."""
+    return f"{op} (backward)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording:
+    """A `record` for `check_gradients` that also hears each example: called as ``verdict(check, case
+    description)`` per verdict, and ``example(case)`` is the context of the example's checks (entered
+    before they run, left normally once they ran to verdicts)."""
+
+    verdict: Callable[[GradientCheck, str], None] | None
+    example: Callable[[Case], contextlib.AbstractContextManager]
+
+    def __call__(self, check: GradientCheck, case_desc: str) -> None:
+        if self.verdict is not None:
+            self.verdict(check, case_desc)
+
+
+def _example_context(record, case: Case) -> contextlib.AbstractContextManager:
+    return record.example(case) if isinstance(record, Recording) else contextlib.nullcontext()
+
+
+def covering(spec: OpSpec, impl_name: str, record, record_coverage) -> tuple[OpSpec, Recording]:
+    """(`spec` whose backward of `impl_name` records the kernels it launches, a `Recording` that passes
+    verdicts to `record` and each judged example's input classes and launched kernel paths to
+    ``record_coverage(backward_row(op), impl, classes, paths)``, as `tkverify.suite.covering` does).
+
+    The launches of every backward call of one example add up (vs_oracle and each consistency
+    direction call it); an example whose checks raise (a refusal, a crash) records nothing."""
+    listener = coverage.Listener()
+    bw = spec.backward
+    listened = coverage.listening(_backward_impl(spec, impl_name), listener, accumulate=True)
+    spec = dataclasses.replace(spec, backward=dataclasses.replace(bw, impls={**bw.impls, impl_name: listened}))
+    classify = getattr(spec.strategy, "classify", None)  # the input classes of the op's own strategy
+
+    @contextlib.contextmanager
+    def example(case: Case):
+        listener.take()  # what an earlier example left when its checks raised
+        yield
+        classes, paths = coverage.example_labels(case, listener, classify)
+        record_coverage(backward_row(spec.name), impl_name, classes, paths)
+
+    return spec, Recording(record, example)
+
+
 def run_checks(spec: OpSpec, impl_name: str, case: Case, seed: int, precision: str = "auto") -> list[GradientCheck]:
     """Every gradient check of `impl_name` ("oracle": the gradcheck of the float64 backward) on one case."""
     if spec.backward is None:
@@ -682,7 +734,8 @@ def check_gradients(spec: OpSpec, impl_name: str, case: Case, seed: int, *, case
 
     impl = spec.impls.get(impl_name) if excuse else None  # None for the oracle's own gradcheck
     try:
-        results = run_checks(spec, impl_name, case, seed, precision)
+        with _example_context(record, case):
+            results = run_checks(spec, impl_name, case, seed, precision)
     except Exception as e:
         if impl is not None:
             excuse_known(impl, case, Failure(spec.name, True, None, f"{type(e).__name__}: {e}"))
@@ -708,11 +761,19 @@ def check_gradients(spec: OpSpec, impl_name: str, case: Case, seed: int, *, case
 
 def verify(spec: OpSpec, impl_name: str, *, case_dir: Path | None = None,
            record: Callable[[GradientCheck, str], None] | None = None, precision: str = "auto",
-           record_unsupported: Callable[[str, str, str, float], None] | None = None) -> None:
+           record_unsupported: Callable[[str, str, str, float], None] | None = None,
+           record_coverage: Callable[[str, str, list[str], list[str]], None] | None = None) -> None:
     """Let hypothesis hunt for a case (and cotangent seed) where a gradient check fails.
 
-    Cases the implementation refuses (`Unsupported`) are counted as in `tkverify.suite.verify`."""
-    tally = UnsupportedTally(f"{spec.name} (backward)", impl_name, record_unsupported)
+    Cases the implementation refuses (`Unsupported`) are counted as in `tkverify.suite.verify`.
+    With `record_coverage` (and an implementation, not the oracle's gradcheck), each judged example's
+    input classes and the kernel paths its backward launched go to it (`covering`)."""
+    tally = UnsupportedTally(backward_row(spec.name), impl_name, record_unsupported)
+    if record_coverage is not None and impl_name != ORACLE:
+        spec, record = covering(spec, impl_name, record, record_coverage)
+
+    # Under a derandomised profile (ci) hypothesis seeds the search from this function's source (its
+    # decorator included): what varies (recording, coverage) lives in `record` and in `spec`.
 
     @given(case=spec.strategy(), seed=st.integers(0, 2**32 - 1))
     def run(case, seed):

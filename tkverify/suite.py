@@ -110,8 +110,9 @@ def test_differential(tk_op_impl, tk_state):
 
 def test_gradients(tk_grad_op_impl, tk_state):
     """Ops with a backward: the float64 backward by gradcheck (impl "oracle"), and each
-    implementation's backward against it and against its own forward (tkverify.gradients)."""
+    implementation's backward against it and against its own forward (tkverify.gradients), with the
+    kernel paths each judged example's backward launched (the row ``<op> (backward)``)."""
     op, impl_name = tk_grad_op_impl
     collector = tk_state["collector"]
     gradients.verify(registry.get(op), impl_name, case_dir=tk_state["cases"], record=collector.add_gradient,
-                     record_unsupported=collector.add_unsupported)
+                     record_unsupported=collector.add_unsupported, record_coverage=collector.add_coverage)

@@ -25,7 +25,7 @@ import torch
 from .. import _tilelang
 from .._tilelang import KernelDef
 from ..torch import mhc as eager_mhc
-from .shared import MAX_M, MIX_THREADS, MIX_VECTOR, PASS_CONFIGS, _check_tokens_fit, _vectorizable
+from .shared import MAX_M, MIX_THREADS, MIX_VECTOR, PASS_CONFIGS, _check_tokens_fit, _launch_token_vectors
 
 
 class MixConfig(NamedTuple):
@@ -80,16 +80,6 @@ def build_pre_apply_mix(config: MixConfig):
 PRE_APPLY_MIX = KernelDef("mhc.pre_apply_mix", build_pre_apply_mix, MIX_CONFIGS)
 
 
-def _launch_mix(kernel_def: KernelDef, tokens: int, hidden: int, aligned: tuple, *args) -> None:
-    """pre_apply_mix: the vectorised configuration when H % 8 == 0 and every bf16 tensor is aligned."""
-    vectorized = _vectorizable(hidden, aligned)
-    vec = MIX_VECTOR if vectorized else 1
-    device = aligned[0].device
-    kernel = _tilelang.kernel_for(kernel_def, MixConfig(vectorized), device)
-    with _tilelang.device_guard(device):
-        _tilelang.launch_in_pieces(kernel, tokens * -(-(hidden // vec) // MIX_THREADS), *args)
-
-
 def pre_apply_mix(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
     """out bf16 (a, b, H) = sum_i x[..., i, :] * mix[..., i, 0]: fp32 from +0 in order i = 0 .. m - 1, one rounding.
 
@@ -103,6 +93,6 @@ def pre_apply_mix(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
     tokens = a * b
     if tokens == 0:
         return out
-    _launch_mix(PRE_APPLY_MIX, tokens, hidden, (x, out), x.view(tokens, m, hidden), mix.view(tokens, m),
-                out.view(tokens, hidden))
+    _launch_token_vectors(PRE_APPLY_MIX, MixConfig, tokens, hidden, (x, out), x.view(tokens, m, hidden),
+                          mix.view(tokens, m), out.view(tokens, hidden))
     return out

@@ -26,7 +26,7 @@ from .. import _tilelang
 from .._tilelang import KernelDef
 from ..torch import mhc_head as eager
 from ..torch.mhc import _check_tensor
-from .shared import MAX_M, MIX_THREADS, MIX_VECTOR, PASS_CONFIGS, _check_tokens_fit, _vectorizable
+from .shared import MAX_M, MIX_THREADS, MIX_VECTOR, PASS_CONFIGS, _check_tokens_fit, _launch_token_vectors
 
 
 class ExpandConfig(NamedTuple):
@@ -114,17 +114,6 @@ EXPAND_TO_MHC = KernelDef("mhc.expand_to_mhc", build_expand_to_mhc, EXPAND_CONFI
 EXPAND_TO_MHC_BWD = KernelDef("mhc.expand_to_mhc_bwd", build_expand_to_mhc_bwd, EXPAND_CONFIGS)
 
 
-def _launch(kernel_def: KernelDef, tokens: int, hidden: int, aligned: tuple, *args) -> None:
-    """The vectorised configuration when H % 8 == 0 and every bf16 tensor is aligned; one block per
-    128 vectors of a token."""
-    vectorized = _vectorizable(hidden, aligned)
-    vec = MIX_VECTOR if vectorized else 1
-    device = aligned[0].device
-    kernel = _tilelang.kernel_for(kernel_def, ExpandConfig(vectorized), device)
-    with _tilelang.device_guard(device):
-        _tilelang.launch_in_pieces(kernel, tokens * -(-(hidden // vec) // MIX_THREADS), *args)
-
-
 def expand_to_mhc(x: torch.Tensor, m: int) -> torch.Tensor:
     """out bf16 (..., m, H): x bf16 (..., H) copied into each of the m streams, 2 <= m <= 8."""
     _check_tensor("x", x, (torch.bfloat16,))
@@ -136,7 +125,8 @@ def expand_to_mhc(x: torch.Tensor, m: int) -> torch.Tensor:
     tokens = x.numel() // hidden
     if tokens == 0:
         return out
-    _launch(EXPAND_TO_MHC, tokens, hidden, (x, out), x.view(tokens, hidden), out.view(tokens, m, hidden))
+    _launch_token_vectors(EXPAND_TO_MHC, ExpandConfig, tokens, hidden, (x, out), x.view(tokens, hidden),
+                          out.view(tokens, m, hidden))
     return out
 
 
@@ -152,6 +142,6 @@ def expand_to_mhc_bwd(grad_out: torch.Tensor, x: torch.Tensor, m: int) -> torch.
     tokens = x.numel() // hidden
     if tokens == 0:
         return grad_x
-    _launch(EXPAND_TO_MHC_BWD, tokens, hidden, (grad_out, grad_x), grad_out.view(tokens, m, hidden),
-            grad_x.view(tokens, hidden))
+    _launch_token_vectors(EXPAND_TO_MHC_BWD, ExpandConfig, tokens, hidden, (grad_out, grad_x),
+                          grad_out.view(tokens, m, hidden), grad_x.view(tokens, hidden))
     return grad_x

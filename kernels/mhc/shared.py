@@ -1,5 +1,5 @@
 """What the mHC kernels share: the contract's limits, the pass configuration, the CUDA prelude, and
-the checks and layout choices of the two bf16 mix ops."""
+the checks, layout choices and launch of the bf16 per-token vector kernels."""
 
 import torch
 
@@ -46,3 +46,16 @@ def _check_tokens_fit(name: str, t: torch.Tensor, per_token: int) -> None:
 def _vectorizable(hidden: int, tensors: tuple) -> bool:
     """16-byte accesses: H % 8 == 0 and every bf16 tensor starts on a 16-byte boundary."""
     return hidden % MIX_VECTOR == 0 and all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def _launch_token_vectors(kernel_def: _tilelang.KernelDef, config_type, tokens: int, hidden: int, aligned: tuple,
+                          *args) -> None:
+    """Launch a kernel whose thread owns one vector of a token's hidden row, MIX_THREADS vectors a block:
+    config_type(vectorized), vectorised (MIX_VECTOR bf16 a vector) when H % 8 == 0 and every bf16 tensor
+    of `aligned` is 16-byte aligned, otherwise one element a vector."""
+    vectorized = _vectorizable(hidden, aligned)
+    vec = MIX_VECTOR if vectorized else 1
+    device = aligned[0].device
+    kernel = _tilelang.kernel_for(kernel_def, config_type(vectorized), device)
+    with _tilelang.device_guard(device):
+        _tilelang.launch_in_pieces(kernel, tokens * -(-(hidden // vec) // MIX_THREADS), *args)

@@ -69,6 +69,16 @@ def _check_tensor(name: str, t: object, dtype: torch.dtype, shape: tuple[int, ..
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
 
 
+def _check_rank(name: str, t: object, ndim: int, layout: str, least: tuple[int, str, int] | None = None) -> None:
+    """t is a torch.Tensor with ndim dimensions named `layout`; least = (axis, its name, low) also asks
+    t.shape[axis] >= low."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim or (least is not None and t.shape[least[0]] < least[2]):
+        bound = "" if least is None else f" with {least[1]} >= {least[2]}"
+        raise ValueError(f"{name} must be {ndim}-D {layout}{bound}, got shape {tuple(t.shape)}")
+
+
 def _check_scalar(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
@@ -238,10 +248,7 @@ def _check_grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weigh
     """Validate grad_w_reduce's arguments; returns P, the number of partials."""
     _check_pair("weight_hidden", weight_hidden, torch.bfloat16, None, "(hc, H)")
     _check_pair("weight_embed", weight_embed, torch.bfloat16, weight_hidden, "(hc, H)")
-    if not isinstance(grad_w_partial, torch.Tensor):
-        raise TypeError(f"grad_w_partial must be a torch.Tensor, got {type(grad_w_partial).__name__}")
-    if grad_w_partial.dim() != 3:
-        raise ValueError(f"grad_w_partial must be 3-D (P, hc, H), got shape {tuple(grad_w_partial.shape)}")
+    _check_rank("grad_w_partial", grad_w_partial, 3, "(P, hc, H)")
     parts = grad_w_partial.shape[0]
     _check_tensor("grad_w_partial", grad_w_partial, torch.float32, (parts, *weight_hidden.shape),
                   weight_hidden.device, "(P, hc, H)")
@@ -265,23 +272,14 @@ def grad_w_reduce(grad_w_partial: torch.Tensor, weight_hidden: torch.Tensor, wei
 
 def _check_hash(ngram_token_ids, multipliers, vocab_sizes, offsets, image_token_mask) -> tuple[int, int, int, int]:
     """Validate engram_hash's arguments; returns (T, N, L, K)."""
-    if not isinstance(ngram_token_ids, torch.Tensor):
-        raise TypeError(f"ngram_token_ids must be a torch.Tensor, got {type(ngram_token_ids).__name__}")
-    if ngram_token_ids.dim() != 2 or ngram_token_ids.shape[1] < 2:
-        raise ValueError(f"ngram_token_ids must be 2-D (T, N) with N >= 2, got shape {tuple(ngram_token_ids.shape)}")
+    _check_rank("ngram_token_ids", ngram_token_ids, 2, "(T, N)", (1, "N", 2))
     tokens, ngram = ngram_token_ids.shape
     device = ngram_token_ids.device
     _check_tensor("ngram_token_ids", ngram_token_ids, torch.int32, (tokens, ngram), None, "(T, N)")
-    if not isinstance(multipliers, torch.Tensor):
-        raise TypeError(f"multipliers must be a torch.Tensor, got {type(multipliers).__name__}")
-    if multipliers.dim() != 2 or multipliers.shape[0] < 1:
-        raise ValueError(f"multipliers must be 2-D (L, N) with L >= 1, got shape {tuple(multipliers.shape)}")
+    _check_rank("multipliers", multipliers, 2, "(L, N)", (0, "L", 1))
     layers = multipliers.shape[0]
     _check_tensor("multipliers", multipliers, torch.int64, (layers, ngram), device, "(L, N)")
-    if not isinstance(vocab_sizes, torch.Tensor):
-        raise TypeError(f"vocab_sizes must be a torch.Tensor, got {type(vocab_sizes).__name__}")
-    if vocab_sizes.dim() != 3 or vocab_sizes.shape[2] < 1:
-        raise ValueError(f"vocab_sizes must be 3-D (L, N - 1, K) with K >= 1, got shape {tuple(vocab_sizes.shape)}")
+    _check_rank("vocab_sizes", vocab_sizes, 3, "(L, N - 1, K)", (2, "K", 1))
     per_ngram = vocab_sizes.shape[2]
     _check_tensor("vocab_sizes", vocab_sizes, torch.int32, (layers, ngram - 1, per_ngram), device, "(L, N - 1, K)")
     _check_tensor("offsets", offsets, torch.int32, (layers, (ngram - 1) * per_ngram), device, "(L, (N - 1) K)")

@@ -52,19 +52,21 @@ def _check_topk_sum_and_topk_group_idx_args(scores: object, num_topk_sum: object
     _check_int("num_topk_groups", num_topk_groups, 1, num_groups)
 
 
+def _check_slots(name: str, t: object) -> None:
+    """t is a contiguous int64 (T, K) tensor of 1 <= K <= MAX_K slots a token."""
+    check_tensor(name, t, (torch.int64,), 2, "(T, K)")
+    check_contiguous(name, t)
+    if not 1 <= t.shape[1] <= MAX_K:
+        raise ValueError(f"{name} must have 1 <= K <= {MAX_K} slots, got K={t.shape[1]}")
+
+
 def _check_unique_group_indices_args(group_indices: object, num_groups: object) -> None:
-    check_tensor("group_indices", group_indices, (torch.int64,), 2, "(T, K)")
-    check_contiguous("group_indices", group_indices)
-    if not 1 <= group_indices.shape[1] <= MAX_K:
-        raise ValueError(f"group_indices must have 1 <= K <= {MAX_K} slots, got K={group_indices.shape[1]}")
+    _check_slots("group_indices", group_indices)
     _check_int("num_groups", num_groups, 1, MAX_NUM_GROUPS)
 
 
 def _check_aux_fi_args(topk_idx: object, num_experts: object, num_aux_topk: object) -> None:
-    check_tensor("topk_idx", topk_idx, (torch.int64,), 2, "(T, K)")
-    check_contiguous("topk_idx", topk_idx)
-    if not 1 <= topk_idx.shape[1] <= MAX_K:
-        raise ValueError(f"topk_idx must have 1 <= K <= {MAX_K} slots, got K={topk_idx.shape[1]}")
+    _check_slots("topk_idx", topk_idx)
     _check_int("num_experts", num_experts, 1, MAX_EXPERTS)
     _check_int("num_aux_topk", num_aux_topk, 1, MAX_AUX_TOPK)
 

@@ -30,12 +30,13 @@ import torch
 
 import references.mhc_head as ref
 import strategies.mhc_head
+from tkverify import formats
 from tkverify.case import Case
 from tkverify.policies import (FP32_UNDERFLOW, Bracket, ErrorBound, bitwise, gamma, signed_reach, summation,
                                summation_error)
 from tkverify.registry import Backward, BenchShape, OpSpec, register, tilelang_impl, torch_impl
-from tkverify.specs.mhc import (BENCH_HIDDEN, BENCH_M, BENCH_TOKENS, RHO, TINY, U, Fp32Within, _both_roundings,
-                                _nbytes, _np, _round_outward, _sigmoid_bracket)
+from tkverify.specs.mhc import (BENCH_HIDDEN, BENCH_M, BENCH_TOKENS, U, Fp32Within, _both_roundings,
+                                _nbytes, _np, _round_outward, _sigmoid_bracket, slope_bound)
 
 
 def _impls(module: str, name: str) -> dict:
@@ -140,27 +141,10 @@ def given_head(case: Case, actual: dict[str, Any]) -> dict[str, Bracket]:
     return {"mix": Bracket(exact=exact, low=np.where(nan, np.nan, lo), high=np.where(nan, np.nan, hi))}
 
 
-def _slope_of(p: np.ndarray) -> np.ndarray:
-    return p * (1.0 - p)
-
-
 def slope_error(case: Case) -> tuple[np.ndarray, np.ndarray]:
-    """(exact sigmoid'(u), the most an fp32 slope may be off it), per element.
-
-    The fp32 sigmoid lies in [s_lo, s_hi] (`_sigmoid_range`); p (1 - p) over that range is
-    [min at the ends, max at the ends or 1/4 at p = 1/2]; forming it (1 - p then a product, or
-    p - p^2, or e / (1 + e)^2) adds gamma_3 + RHO relative and u p^2 absolute (the rounded square
-    of p - p^2), and TINY below fp32's normal range."""
-    u, s_lo, s_hi = _sigmoid_range(case)
-    d = ref.sigmoid_slope(u)
-    with np.errstate(invalid="ignore"):
-        ends = np.stack([_slope_of(s_lo), _slope_of(s_hi)])
-        d_lo = ends.min(axis=0)
-        d_hi = np.where((s_lo <= 0.5) & (s_hi >= 0.5), 0.25, ends.max(axis=0))
-        rel = gamma(3) + RHO
-        absolute = U * s_hi**2 + TINY
-        err = np.maximum(d_hi * (1 + rel) + absolute - d, d - d_lo * (1 - rel) + absolute)
-    return d, err
+    """(exact sigmoid'(u), the most an fp32 slope may be off it), per element: `slope_bound` over the
+    fp32 sigmoid's range (`_sigmoid_range`)."""
+    return slope_bound(*_sigmoid_range(case))
 
 
 def given_head_backward(case: Case, cotangents: dict[str, torch.Tensor], exact: dict[str, torch.Tensor]) -> dict:
@@ -184,14 +168,25 @@ def given_head_backward(case: Case, cotangents: dict[str, torch.Tensor], exact: 
         e_scale = summation_error(np.array([(t * np.abs(x)).sum()]), t.size, roundings_per_term=1,
                                   absolute=np.array([(np.abs(x) * e_t * (1 + U)).sum() + t.size * FP32_UNDERFLOW]))
 
-    def bracket(name: str, error: np.ndarray) -> Bracket:
+        # The sums over tokens, by sign: a partial sum of one sign's terms may overflow fp32 (to that
+        # infinity) although the exact sum is finite (`signed_reach`).
+        signed = g * d
+        reach_base = signed_reach(signed.reshape(-1, m), tokens, roundings_per_term=0)
+        reach_scale = signed_reach((signed * x).reshape(-1, 1), t.size, roundings_per_term=1)
+
+    def bracket(name: str, error: np.ndarray, reach: tuple[np.ndarray, np.ndarray] | None = None) -> Bracket:
         value = _np(exact[name])
         nan = np.isnan(value)
         error = np.where(np.isfinite(error), error, np.inf)
-        return Bracket(exact=value, low=np.where(nan, np.nan, value - error), high=np.where(nan, np.nan, value + error))
+        low, high = value - error, value + error
+        if reach is not None:
+            threshold = formats.FP32.overflow_threshold
+            high = np.where(np.broadcast_to(reach[0], value.shape) >= threshold, np.inf, high)
+            low = np.where(np.broadcast_to(reach[1], value.shape) >= threshold, -np.inf, low)
+        return Bracket(exact=value, low=np.where(nan, np.nan, low), high=np.where(nan, np.nan, high))
 
-    return {"grad_mixes": bracket("grad_mixes", e_x), "grad_scale": bracket("grad_scale", e_scale),
-            "grad_base": bracket("grad_base", e_base)}
+    return {"grad_mixes": bracket("grad_mixes", e_x), "grad_scale": bracket("grad_scale", e_scale, reach_scale),
+            "grad_base": bracket("grad_base", e_base, reach_base)}
 
 
 MOVE = 2.0**-7  # a unit finite-difference step moves u by at most 1 + MOVE (|mixes scale| + |base|)

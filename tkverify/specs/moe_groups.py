@@ -74,16 +74,18 @@ def aux_fi_bound(topk_idx, num_experts: int, num_aux_topk: int) -> ErrorBound:
     return ErrorBound(exact, error, "fp32")
 
 
+def _impls(name: str) -> dict:
+    return {"torch": torch_impl(f"kernels.torch.moe_groups:{name}"),
+            "tilelang": tilelang_impl(f"kernels.moe.groups:{name}")}
+
+
 register(OpSpec(
     name="moe.topk_sum_and_topk_group_idx",
     bench=BENCH["moe.topk_sum_and_topk_group_idx"],
     oracle=references.moe_groups.topk_sum_and_topk_group_idx,
     strategy=strategies.moe_groups.topk_sum_and_topk_group_idx_cases,
     outputs={"group_idx": bitwise(torch.int64)},
-    impls={
-        "torch": torch_impl("kernels.torch.moe_groups:topk_sum_and_topk_group_idx"),
-        "tilelang": tilelang_impl("kernels.moe.groups:topk_sum_and_topk_group_idx"),
-    },
+    impls=_impls("topk_sum_and_topk_group_idx"),
     doc="The best groups, best first, by each group's top score or float32 sum of its top two (topk_gate's order).",
 ))
 
@@ -93,10 +95,7 @@ register(OpSpec(
     oracle=references.moe_groups.unique_group_indices,
     strategy=strategies.moe_groups.unique_group_indices_cases,
     outputs={"unique_indices": bitwise(torch.int64)},
-    impls={
-        "torch": torch_impl("kernels.torch.moe_groups:unique_group_indices"),
-        "tilelang": tilelang_impl("kernels.moe.groups:unique_group_indices"),
-    },
+    impls=_impls("unique_group_indices"),
     doc="Each row's group indices with every repeat of an earlier non-negative entry replaced by -1.",
 ))
 
@@ -106,9 +105,6 @@ register(OpSpec(
     oracle=aux_fi_bound,
     strategy=strategies.moe_groups.aux_fi_cases,
     outputs={"fi": summation("fp32")},
-    impls={
-        "torch": torch_impl("kernels.torch.moe_groups:aux_fi"),
-        "tilelang": tilelang_impl("kernels.moe.groups:aux_fi"),
-    },
+    impls=_impls("aux_fi"),
     doc="f_i = E / (K' T) * #(slots routed to expert i), fp32; NaN for T = 0.",
 ))

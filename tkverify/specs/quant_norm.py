@@ -252,6 +252,11 @@ def _backward_bytes(kwargs: dict[str, Any], params: dict[str, Any]) -> int:
     return 4 * x.numel() * x.element_size() + 2 * kwargs["weight"].numel() * 2 + x.shape[0] * 4
 
 
+def _impls(name: str) -> dict:
+    return {"torch": torch_impl(f"kernels.torch.quant_norm:{name}"),
+            "tilelang": tilelang_impl(f"kernels.quant.norm:{name}")}
+
+
 _SHAPE_POLICY = "within the fp32 error analysis of docs/contract/quant_norm.md, rounded to the output's dtype"
 
 register(OpSpec(
@@ -263,10 +268,7 @@ register(OpSpec(
         "rstd": WithinTyped(describe="rstd: fp32 within gamma(H+3) of m and 2 RHO of the rsqrt"),
         "norm_input": WithinTyped(describe="norm_input: bitwise, the correctly rounded x + residual"),
     },
-    impls={
-        "torch": torch_impl("kernels.torch.quant_norm:norm"),
-        "tilelang": tilelang_impl("kernels.quant.norm:norm"),
-    },
+    impls=_impls("norm"),
     given=given_forward,
     doc="RMSNorm: s = x + residual (x's dtype), out = s rsqrt(mean s^2 + eps) w out_scale, rstd, norm_input.",
     backward=Backward(
@@ -278,10 +280,7 @@ register(OpSpec(
         },
         outputs=("out", "norm_input"),
         oracle=ref.norm_bwd,
-        impls={
-            "torch": torch_impl("kernels.torch.quant_norm:norm_bwd"),
-            "tilelang": tilelang_impl("kernels.quant.norm:norm_bwd"),
-        },
+        impls=_impls("norm_bwd"),
         saved=("rstd", "norm_input"),
         mask=backward_mask,
         given=given_backward,
@@ -343,10 +342,7 @@ register(OpSpec(
         "rstd": WithinTyped(describe="rstd: as quant.norm's"),
         "norm_input": WithinTyped(describe="norm_input: bitwise, as quant.norm's"),
     },
-    impls={
-        "torch": torch_impl("kernels.torch.quant_norm:norm_forward_and_per_token_cast"),
-        "tilelang": tilelang_impl("kernels.quant.norm:norm_forward_and_per_token_cast"),
-    },
+    impls=_impls("norm_forward_and_per_token_cast"),
     given=given_norm_cast,
     doc="quant.norm, then quant.per_token_cast of its out (x's dtype): (data, sf, rstd, norm_input).",
     bench=(BenchShape(f"{BENCH_NAME} e4m3/32", _bench_cast, _cast_bytes, target=0.9),),

@@ -186,17 +186,15 @@ def backward_mask(case: Case, margin: float | None) -> dict[str, np.ndarray]:
 
 
 def fd_scale(case: Case) -> dict[str, torch.Tensor]:
-    """l: |l| + 2^-6 (sigmoid bends on a unit scale, whatever r's magnitude); r (y is linear in it): |r| +
-    2^-6 (rms of the finite r of its row + 1).  No step on either half of an element whose l or r is not
-    finite: its gradient may be NaN (0 * NaN), which a zero step keeps out of every inner product."""
+    """l and r: |x| + 2^-6 (sigmoid bends on a unit scale; y is linear in r, and a floor taken from r's row
+    would let a huge neighbour inflate a small r's step past the clamp).  No step on either half of an
+    element whose l or r is not finite: its gradient may be NaN (0 * NaN), which a zero step keeps out of
+    every inner product."""
     x = qref.as_float64(case.inputs["x"])
     hidden = x.shape[1] // 2
     finite = np.isfinite(x[:, :hidden]) & np.isfinite(x[:, hidden:])
     xf = np.where(np.isfinite(x), x, 0.0)
-    with np.errstate(over="ignore"):
-        r = xf[:, hidden:]
-        rms_r = np.sqrt((r ** 2).mean(axis=1, keepdims=True)) if hidden else np.zeros((x.shape[0], 1))
-    floor = np.concatenate([np.full_like(r, 2.0**-6), np.broadcast_to(2.0**-6 * (rms_r + 1), r.shape)], axis=1)
+    floor = 2.0**-6
     return {"x": torch.from_numpy(np.where(np.concatenate([finite, finite], axis=1), np.abs(xf) + floor, 0.0))}
 
 
