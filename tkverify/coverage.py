@@ -10,7 +10,7 @@ it launched, and `path_labels` turns one judged example into the labels the repo
 * ``(no launch)`` and ``(no launch) | <class>``: the implementation returned without a launch (an
   empty batch: the wrappers return empty outputs without one).
 
-The boundary classes are computed here from the case, never by the kernels: `BOUNDARY` lists, per
+The boundary classes are computed here from the case, never by the kernels: `boundary_classes()` lists, per
 kernel, which classes apply (a partial tile along a tiled dimension, padding rows present, a single
 row, ...), each a predicate of (case, config) and the configurations it can occur with.  Tuning
 candidates (`KernelDef.candidates`) are exempt: no wrapper launches them, and they have their own
@@ -28,6 +28,7 @@ This module needs no tilelang: it reads the recorder and the case.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
@@ -280,7 +281,7 @@ BOUNDARY_SINKHORN = (
 
 # kernel name -> its boundary classes.  A kernel's classes are those of the cases that reach a launch:
 # an empty batch returns before any (the `NO_LAUNCH` label counts it).
-BOUNDARY: dict[str, tuple[Boundary, ...]] = {
+_FIRST_KERNELS: dict[str, tuple[Boundary, ...]] = {
     "quant.token_cast": (
         single_row(_ROWS_X),
         # hidden % 8 != 0: rows zero-padded to whole 8-element chunks before the launch
@@ -333,8 +334,14 @@ BOUNDARY: dict[str, tuple[Boundary, ...]] = {
         Boundary("padded_streams", lambda case, config: case.inputs["comb"].shape[-1] < config.padded),
     ),
     "engram.gate_fwd": (single_row(_rows("x", 2)),),
-    **_new_kernel_classes(),
 }
+
+
+@functools.lru_cache(maxsize=1)
+def boundary_classes() -> dict[str, tuple[Boundary, ...]]:
+    """Per kernel, its boundary classes.  Built on first use: the later kernels' classes read their
+    wrappers' tile sizes, and tkverify imports none of our kernels until one has launched."""
+    return {**_FIRST_KERNELS, **_new_kernel_classes()}
 
 # The classes of an example that launched nothing.
 NO_LAUNCH_CLASSES = ("empty",)
@@ -361,7 +368,7 @@ def path_labels(case: Case, launched: Iterable[tuple[str, Hashable]]) -> list[st
     for kernel, config in launched:
         head = SEPARATOR.join((kernel, config_label(config)))
         labels.append(head)
-        for boundary in BOUNDARY.get(kernel, ()):
+        for boundary in boundary_classes().get(kernel, ()):
             if boundary.applies(config) and _hit(boundary, case, config):
                 labels.append(SEPARATOR.join((head, boundary.name)))
     return labels
@@ -449,7 +456,7 @@ def coverage_list(counts: Mapping[tuple[str, str], Mapping[str, int]],
         entries = out[kernel] = {}
         for config in configs:
             head = SEPARATOR.join((kernel, config_label(config)))
-            classes = {b.name: 0 for b in BOUNDARY.get(kernel, ()) if b.applies(config)}
+            classes = {b.name: 0 for b in boundary_classes().get(kernel, ()) if b.applies(config)}
             entry = entries[config_label(config)] = {"examples": 0, "ops": [], "classes": classes}
             for (op, impl), labels in sorted(counts.items()):
                 n = labels.get(head, 0)
