@@ -22,7 +22,8 @@ kernel cache, unpacked before the steps and packed again after them):
 beside .gpu/setup.sh.)
 
 Steps (--steps, a comma list, run in the order given):
-  precompile  compile every TileLang configuration into the kernel cache (python -m kernels.precompile)
+  precompile  compile every TileLang configuration into the kernel cache (python -m kernels.precompile,
+              WORKERS configurations at a time)
   pytest      the project's tests: pytest -n WORKERS --tk-impl IMPLS --tk-profile ci --tk-report,
               the report merged from the workers' shards if the step is cut
   report      the differential suite's report: tkverify report --impl IMPLS --profile ci, then the
@@ -191,7 +192,7 @@ pytest_options() {
     "--tk-cases $R/cases-$name${SEED:+ --hypothesis-seed $SEED}"
 }
 
-run_precompile() { step precompile 0 python3 -m kernels.precompile; }
+run_precompile() { step precompile 0 python3 -m kernels.precompile --jobs "$WORKERS"; }
 
 run_pytest() {
   local target=()
