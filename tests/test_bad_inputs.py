@@ -122,11 +122,17 @@ def _set(name: str, f: Callable[[torch.Tensor], Any]):
 
 
 def _put(name: str, value: Any):
-    return lambda args, foreign: args.update({name: value})
+    return _with(**{name: value})
 
 
 def _with(**values: Any):
-    return lambda args, foreign: args.update(values)
+    """Replace arguments with the given values, tensors placed on the device of the call's other tensors
+    (a CUDA call's spoilt argument must not also be on another device, which a check may name first)."""
+    def change(args: dict[str, Any], foreign: torch.device) -> None:
+        device = next((v.device for v in args.values() if isinstance(v, torch.Tensor)), None)
+        args.update({k: v.to(device) if isinstance(v, torch.Tensor) and device is not None else v
+                     for k, v in values.items()})
+    return change
 
 
 def _strided(t: torch.Tensor) -> torch.Tensor:
