@@ -463,7 +463,7 @@ ENGRAM = {
 
 # -- mhc, mhc_head, mhc_fused ----------------------------------------------------------------------------
 
-# The mHC tables live in tests/bad_inputs_mhc.py, the later quantisation ones in tests/bad_inputs_quant.py;
+# The mHC tables live in tests/bad_inputs_mhc.py, the norm and SwiGLU ones in tests/bad_inputs_quant.py;
 # both read the helpers above (hence the imports here).
 from bad_inputs_mhc import MHC, MHC_FUSED, MHC_HEAD  # noqa: E402
 from bad_inputs_quant import QUANT_NORM, QUANT_SWIGLU  # noqa: E402

@@ -163,7 +163,7 @@ def test_collector_folds_gradient_coverage_into_the_coverage_list():
     assert entry["classes"] == {"single_row": 0, "padded_streams": 1}  # hidden_tail: the scalar config's only
 
 
-# ------------------------------------------------------------- the new kernels' boundary classes
+# ------------------------------------------------- boundary classes read from the wrappers' tile sizes
 
 
 def test_token_vector_classes():

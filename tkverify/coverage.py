@@ -207,7 +207,7 @@ def _engram_hash_elements(case: Case, config) -> int:
     return case.inputs["ngram_token_ids"].shape[0] * case.inputs["vocab_sizes"].numel()
 
 
-def _new_kernel_classes() -> dict[str, tuple[Boundary, ...]]:
+def _classes_from_tile_sizes() -> dict[str, tuple[Boundary, ...]]:
     """The boundary classes of the mHC head/fused-norm/backward, quant.norm, swiglu, grouped-routing and
     Engram hash/fused-weight kernels, read from their wrappers' tile sizes and dispatch."""
     from kernels.engram.fused_weight import FUSED_THREADS, FUSED_VECTOR  # layer: tile sizes, no tilelang
@@ -281,7 +281,7 @@ BOUNDARY_SINKHORN = (
 
 # kernel name -> its boundary classes.  A kernel's classes are those of the cases that reach a launch:
 # an empty batch returns before any (the `NO_LAUNCH` label counts it).
-_FIRST_KERNELS: dict[str, tuple[Boundary, ...]] = {
+_BOUNDARY: dict[str, tuple[Boundary, ...]] = {
     "quant.token_cast": (
         single_row(_ROWS_X),
         # hidden % 8 != 0: rows zero-padded to whole 8-element chunks before the launch
@@ -339,9 +339,10 @@ _FIRST_KERNELS: dict[str, tuple[Boundary, ...]] = {
 
 @functools.lru_cache(maxsize=1)
 def boundary_classes() -> dict[str, tuple[Boundary, ...]]:
-    """Per kernel, its boundary classes.  Built on first use: the later kernels' classes read their
-    wrappers' tile sizes, and tkverify imports none of our kernels until one has launched."""
-    return {**_FIRST_KERNELS, **_new_kernel_classes()}
+    """Per kernel, its boundary classes: `_BOUNDARY` (tile sizes read inside its predicates) and those
+    `_classes_from_tile_sizes` builds from the wrappers' tile sizes, which import the kernel modules; built on
+    first use, so that tkverify imports none of our kernels until one has launched."""
+    return {**_BOUNDARY, **_classes_from_tile_sizes()}
 
 # The classes of an example that launched nothing.
 NO_LAUNCH_CLASSES = ("empty",)

@@ -650,7 +650,7 @@ def _known(case: Any, failure: registry.Failure) -> str | None:
 
 
 # The inputs whose row stride the release takes, passed through unchanged (no copy): tile-kernels 1.0's
-# tests cast ``torch.randn((T, 2 * hidden))[:, :hidden]`` and transpose a twice-strided x (issue 27).
+# tests cast ``torch.randn((T, 2 * hidden))[:, :hidden]`` and transpose a twice-strided x.
 ROW_STRIDED_INPUTS = {
     "quant.per_token_cast": ("x",),
     "transpose.transpose": ("x",),
