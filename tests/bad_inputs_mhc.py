@@ -1,10 +1,7 @@
 """The bad-argument tables of the mHC functions (families mhc, mhc_head, mhc_fused).
 
-tests/test_bad_inputs.py defines how a table is written (`Table`, `Bad` and the argument editors)
-and runs every table; this module only holds the mHC ones, which it imports from there, and
-test_bad_inputs.py merges `MHC`, `MHC_HEAD` and `MHC_FUSED` into its `TABLES`.  pytest imports
-test_bad_inputs.py first (this module's name does not start with ``test_``), so the helpers exist
-by the time this module reads them.
+tests/bad_inputs.py says how a table is written (`Table`, `Bad` and the argument editors);
+tests/test_bad_inputs.py merges `MHC`, `MHC_HEAD` and `MHC_FUSED` into its `TABLES` and runs them.
 
 The eager functions of these families also accept float64 tensors (all of them float64), which the
 TileLang wrappers refuse; a table is judged on both, so its dtype spoils are float16, bfloat16 or
@@ -18,7 +15,7 @@ from typing import Any
 
 import torch
 
-from test_bad_inputs import NON_FINITE_OR_NOT_POSITIVE, Bad, Table, _gen, _put, _set, _with
+from bad_inputs import NON_FINITE_OR_NOT_POSITIVE, Bad, Table, _gen, _put, _set, _with
 
 NON_FINITE = (math.nan, math.inf)
 NOT_NONNEGATIVE = (math.nan, math.inf, -1.0)

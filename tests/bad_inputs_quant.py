@@ -1,10 +1,8 @@
 """The bad-argument tables of the quantisation functions beyond the first casts (family quant_swiglu: the
 plain SwiGLU and its fused casts; quant_norm: RMSNorm and its cast).
 
-tests/test_bad_inputs.py defines how a table is written (`Table`, `Bad` and the argument editors) and runs
-every table; this module only holds these, which it imports from there, and test_bad_inputs.py merges them
-into its `TABLES`.  pytest imports test_bad_inputs.py first (this module's name does not start with
-``test_``), so the helpers exist by the time this module reads them.
+tests/bad_inputs.py says how a table is written (`Table`, `Bad` and the argument editors);
+tests/test_bad_inputs.py merges these into its `TABLES` and runs them.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from typing import Any
 
 import torch
 
-from test_bad_inputs import (CLAMP_MIN_BAD, FMT_BAD, NON_FINITE_OR_NOT_POSITIVE, OPTION_COMBINATIONS, SF_OPTIONS, Bad, Table,
+from bad_inputs import (CLAMP_MIN_BAD, FMT_BAD, NON_FINITE_OR_NOT_POSITIVE, OPTION_COMBINATIONS, SF_OPTIONS, Bad, Table,
                              _gen, _put, _set, _with, _x)
 
 SWIGLU_PLAIN_POS = torch.tensor([0, 3, -1, 5, 1, 7, 2, 6], dtype=torch.int32)

@@ -30,12 +30,10 @@ so inputs aliasing one another are harmless there.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import importlib.util
 import inspect
-import math
 import pkgutil
 import re
 from typing import Any, Callable
@@ -48,107 +46,13 @@ import kernels.torch
 from kernels._tilelang import kernel_defs
 from tkverify import registry
 
-# -- how a table is written -----------------------------------------------------------------------
+# How a table is written: tests/bad_inputs.py.  The mHC tables live in tests/bad_inputs_mhc.py, the norm and
+# SwiGLU ones in tests/bad_inputs_quant.py.
+from bad_inputs import (CLAMP_MIN_BAD, FMT_BAD, NON_FINITE_OR_NOT_POSITIVE, OPTION_COMBINATIONS, SF_OPTIONS, Bad, Table,
+                        _gen, _put, _set, _strided, _with, _x)
+from bad_inputs_mhc import MHC, MHC_FUSED, MHC_HEAD
+from bad_inputs_quant import QUANT_NORM, QUANT_SWIGLU
 
-
-@dataclasses.dataclass(frozen=True)
-class Bad:
-    """One spoiled argument: `change(args, foreign)` edits the valid call's arguments in place."""
-
-    id: str
-    arg: str  # the argument the error must name first
-    error: type[Exception]
-    change: Callable[[dict[str, Any], torch.device], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class Table:
-    """A function's valid call and its spoiled variants.
-
-    base        ``base() -> {argument: value}``, a valid call on the CPU (tensors are
-                moved to the device under test).
-    tensors     tensor argument -> a dtype it must refuse; each such argument also gets
-                a non-tensor, (unless in `any_rank`) an extra dimension, (unless in
-                `any_strides`) a non-contiguous view; every one but `reference` a tensor on another device.
-    reference   the tensor whose device is the call's device (named by a TileLang
-                wrapper given CPU tensors).
-    ints        integer parameter -> out-of-range values; each also gets a bool and a float.
-    floats      float parameter -> out-of-range values; each also gets a str and a bool.
-    bools       flags: each gets the int 1.
-    extra       the function's own spoiled calls (shapes that disagree, option combinations).
-    positional  call positionally in this order (autograd Function.apply takes no keywords).
-    """
-
-    base: Callable[[], dict[str, Any]]
-    tensors: dict[str, torch.dtype]
-    reference: str
-    ints: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
-    floats: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
-    bools: tuple[str, ...] = ()
-    any_strides: tuple[str, ...] = ()
-    any_rank: tuple[str, ...] = ()
-    extra: tuple[Bad, ...] = ()
-    positional: tuple[str, ...] | None = None
-
-    def bads(self) -> list[Bad]:
-        out = []
-        for name, dtype in self.tensors.items():
-            out += [
-                Bad(f"{name}-not-a-tensor", name, TypeError, _set(name, lambda t: t.tolist())),
-                Bad(f"{name}-dtype-{str(dtype).removeprefix('torch.')}", name, TypeError,
-                    _set(name, lambda t, d=dtype: t.to(d))),
-            ]
-            if name not in self.any_rank:
-                out.append(Bad(f"{name}-extra-dim", name, ValueError, _set(name, lambda t: t.unsqueeze(0))))
-            if name not in self.any_strides:
-                out.append(Bad(f"{name}-non-contiguous", name, ValueError, _set(name, _strided)))
-            if name != self.reference:
-                out.append(Bad(f"{name}-other-device", name, ValueError,
-                               lambda a, foreign, n=name: a.update({n: a[n].to(foreign)})))
-        for name, values in self.ints.items():
-            out += [Bad(f"{name}-bool", name, TypeError, _put(name, True)),
-                    Bad(f"{name}-float", name, TypeError, _put(name, 2.0))]
-            out += [Bad(f"{name}={v}", name, ValueError, _put(name, v)) for v in values]
-        for name, values in self.floats.items():
-            out += [Bad(f"{name}-str", name, TypeError, _put(name, "1e-6")),
-                    Bad(f"{name}-bool", name, TypeError, _put(name, True))]
-            out += [Bad(f"{name}={v}", name, ValueError, _put(name, v)) for v in values]
-        out += [Bad(f"{name}-int", name, TypeError, _put(name, 1)) for name in self.bools]
-        return out + list(self.extra)
-
-
-def _set(name: str, f: Callable[[torch.Tensor], Any]):
-    return lambda args, foreign: args.update({name: f(args[name])})
-
-
-def _put(name: str, value: Any):
-    return _with(**{name: value})
-
-
-def _with(**values: Any):
-    """Replace arguments with the given values, tensors placed on the device of the call's other tensors
-    (a CUDA call's spoilt argument must not also be on another device, which a check may name first)."""
-    def change(args: dict[str, Any], foreign: torch.device) -> None:
-        device = next((v.device for v in args.values() if isinstance(v, torch.Tensor)), None)
-        args.update({k: v.to(device) if isinstance(v, torch.Tensor) and device is not None else v
-                     for k, v in values.items()})
-    return change
-
-
-def _strided(t: torch.Tensor) -> torch.Tensor:
-    """The same values in a view that is not contiguous (every other element of a wider tensor)."""
-    wide = torch.zeros((*t.shape[:-1], 2 * t.shape[-1]), dtype=t.dtype, device=t.device)
-    view = wide[..., ::2]
-    view.copy_(t)
-    assert not view.is_contiguous()
-    return view
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-NON_FINITE_OR_NOT_POSITIVE = (math.nan, math.inf, 0.0, -1.0)
 
 # -- moe ---------------------------------------------------------------------------------------------
 
@@ -241,22 +145,6 @@ MOE_GROUPS["aux_fi"] = Table(
            Bad("33-slots", "topk_idx", ValueError, _put("topk_idx", torch.zeros(4, 33, dtype=torch.int64)))))
 
 # -- quant ---------------------------------------------------------------------------------------------
-
-
-def _x(rows: int, cols: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    return torch.randn(rows, cols, generator=_gen(rows * 1000 + cols)).to(dtype)
-
-
-SF_OPTIONS = ("round_sf", "use_ue8m0", "use_packed_ue8m0", "use_tma_aligned_col_major_sf")
-CLAMP_MIN_BAD = (math.nan, math.inf, 0.0, -1.0, 1e-40)
-OPTION_COMBINATIONS = (
-    Bad("ue8m0-without-round_sf", "use_ue8m0", ValueError, _with(use_ue8m0=True)),
-    Bad("packed-without-ue8m0", "use_packed_ue8m0", ValueError, _with(round_sf=True, use_packed_ue8m0=True)),
-)
-FMT_BAD = (
-    Bad("fmt-not-a-str", "fmt", TypeError, _put("fmt", 1)),
-    Bad("fmt-e5m2", "fmt", ValueError, _put("fmt", "e5m2")),
-)
 
 
 def _token_cast_table() -> Table:
@@ -463,10 +351,6 @@ ENGRAM = {
 
 # -- mhc, mhc_head, mhc_fused ----------------------------------------------------------------------------
 
-# The mHC tables live in tests/bad_inputs_mhc.py, the norm and SwiGLU ones in tests/bad_inputs_quant.py;
-# both read the helpers above (hence the imports here).
-from bad_inputs_mhc import MHC, MHC_FUSED, MHC_HEAD  # noqa: E402
-from bad_inputs_quant import QUANT_NORM, QUANT_SWIGLU  # noqa: E402
 
 TABLES: dict[str, Table] = {f"{family}.{name}": table for family, tables in
                             (("moe", MOE), ("moe_groups", MOE_GROUPS), ("quant", QUANT), ("quant_swiglu", QUANT_SWIGLU),
