@@ -130,3 +130,17 @@ FMT_BAD = (
     Bad("fmt-not-a-str", "fmt", TypeError, _put("fmt", 1)),
     Bad("fmt-e5m2", "fmt", ValueError, _put("fmt", "e5m2")),
 )
+
+
+
+# The SwiGLU tables' pos_to_token_topk: for each of 8 expanded rows, its token * 2 + slot among 4 tokens of 2
+# slots each (-1: a padding row); and the ways to spoil that routing.
+SWIGLU_POS = torch.tensor([0, 3, -1, 5, 1, 7, 2, 6], dtype=torch.int32)
+SWIGLU_ROUTING_BAD = (
+    Bad("weights-without-pos", "topk_weights", ValueError, _put("pos_to_token_topk", None)),
+    Bad("pos-other-length", "pos_to_token_topk", ValueError, _set("pos_to_token_topk", lambda t: t[:7])),
+    Bad("pos-past-the-slots", "pos_to_token_topk", ValueError,
+        _set("pos_to_token_topk", lambda t: torch.where(t == 7, 8, t))),
+    Bad("pos-below-minus-one", "pos_to_token_topk", ValueError,
+        _set("pos_to_token_topk", lambda t: torch.where(t == -1, -2, t))),
+)

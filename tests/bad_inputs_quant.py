@@ -12,15 +12,13 @@ from typing import Any
 
 import torch
 
-from bad_inputs import (CLAMP_MIN_BAD, FMT_BAD, NON_FINITE_OR_NOT_POSITIVE, OPTION_COMBINATIONS, SF_OPTIONS, Bad, Table,
-                             _gen, _put, _set, _with, _x)
-
-SWIGLU_PLAIN_POS = torch.tensor([0, 3, -1, 5, 1, 7, 2, 6], dtype=torch.int32)
+from bad_inputs import (CLAMP_MIN_BAD, FMT_BAD, NON_FINITE_OR_NOT_POSITIVE, OPTION_COMBINATIONS, SF_OPTIONS, SWIGLU_POS,
+                        SWIGLU_ROUTING_BAD, Bad, Table, _gen, _put, _set, _with, _x)
 
 
 def _swiglu_plain_base() -> dict[str, Any]:
     return {"x": _x(8, 64, torch.float32), "fmt": "bf16", "topk_weights": torch.rand(4, 2, generator=_gen(5)),
-            "pos_to_token_topk": SWIGLU_PLAIN_POS.clone(), "clamp": 0.5}
+            "pos_to_token_topk": SWIGLU_POS.clone(), "clamp": 0.5}
 
 
 def _swiglu_plain_bwd_base() -> dict[str, Any]:
@@ -31,19 +29,11 @@ def _swiglu_bwd_cast_base() -> dict[str, Any]:
     return {"x": _x(8, 128, torch.float32).to(torch.float8_e4m3fn),
             "x_sf": torch.rand(8, 4, generator=_gen(6)) + 0.5, "grad_out": _x(8, 64), "fmt": "e4m3",
             "num_per_channels": 32,
-            "topk_weights": torch.rand(4, 2, generator=_gen(7)), "pos_to_token_topk": SWIGLU_PLAIN_POS.clone(),
+            "topk_weights": torch.rand(4, 2, generator=_gen(7)), "pos_to_token_topk": SWIGLU_POS.clone(),
             "clamp": 0.5, "round_sf": False, "use_ue8m0": False, "use_packed_ue8m0": False,
             "use_tma_aligned_col_major_sf": False, "clamp_min": None}
 
 
-SWIGLU_ROUTING_BAD = (
-    Bad("weights-without-pos", "topk_weights", ValueError, _put("pos_to_token_topk", None)),
-    Bad("pos-other-length", "pos_to_token_topk", ValueError, _set("pos_to_token_topk", lambda t: t[:7])),
-    Bad("pos-past-the-slots", "pos_to_token_topk", ValueError,
-        _set("pos_to_token_topk", lambda t: torch.where(t == 7, 8, t))),
-    Bad("pos-below-minus-one", "pos_to_token_topk", ValueError,
-        _set("pos_to_token_topk", lambda t: torch.where(t == -1, -2, t))),
-)
 PLAIN_FMT_BAD = (
     Bad("fmt-not-a-str", "fmt", TypeError, _put("fmt", 1)),
     Bad("fmt-e4m3", "fmt", ValueError, _put("fmt", "e4m3")),

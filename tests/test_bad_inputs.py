@@ -48,8 +48,8 @@ from tkverify import registry
 
 # How a table is written: tests/bad_inputs.py.  The mHC tables live in tests/bad_inputs_mhc.py, the norm and
 # SwiGLU ones in tests/bad_inputs_quant.py.
-from bad_inputs import (CLAMP_MIN_BAD, FMT_BAD, NON_FINITE_OR_NOT_POSITIVE, OPTION_COMBINATIONS, SF_OPTIONS, Bad, Table,
-                        _gen, _put, _set, _strided, _with, _x)
+from bad_inputs import (CLAMP_MIN_BAD, FMT_BAD, NON_FINITE_OR_NOT_POSITIVE, OPTION_COMBINATIONS, SF_OPTIONS, SWIGLU_POS,
+                        SWIGLU_ROUTING_BAD, Bad, Table, _gen, _put, _set, _with, _x)
 from bad_inputs_mhc import MHC, MHC_FUSED, MHC_HEAD
 from bad_inputs_quant import QUANT_NORM, QUANT_SWIGLU
 
@@ -166,7 +166,6 @@ def _precomputed_base() -> dict[str, Any]:
     return {"x": _x(4, 256), "sf": torch.rand(4, 2, generator=_gen(5)) + 0.5, "fmt": "e4m3", "num_per_channels": 128}
 
 
-SWIGLU_POS = torch.tensor([0, 3, -1, 5, 1, 7, 2, 6], dtype=torch.int32)
 
 
 def _swiglu_base() -> dict[str, Any]:
@@ -231,14 +230,8 @@ QUANT = {
                  "clamped_count": torch.int32},
         reference="x", any_strides=("pos_to_token_topk",), ints={"num_per_channels": (48, 0)},
         floats={"clamp": NON_FINITE_OR_NOT_POSITIVE, "clamp_min": CLAMP_MIN_BAD}, bools=SF_OPTIONS,
-        extra=FMT_BAD + OPTION_COMBINATIONS + (
+        extra=FMT_BAD + OPTION_COMBINATIONS + SWIGLU_ROUTING_BAD + (
             Bad("x-odd-columns", "x", ValueError, _set("x", lambda t: t[:, :63])),
-            Bad("weights-without-pos", "topk_weights", ValueError, _put("pos_to_token_topk", None)),
-            Bad("pos-other-length", "pos_to_token_topk", ValueError, _set("pos_to_token_topk", lambda t: t[:7])),
-            Bad("pos-past-the-slots", "pos_to_token_topk", ValueError,
-                _set("pos_to_token_topk", lambda t: torch.where(t == 7, 8, t))),
-            Bad("pos-below-minus-one", "pos_to_token_topk", ValueError,
-                _set("pos_to_token_topk", lambda t: torch.where(t == -1, -2, t))),
             Bad("count-four-counters", "clamped_count", ValueError, _put("clamped_count", torch.zeros(4, dtype=torch.int64))),
             Bad("count-aliases-x", "clamped_count", ValueError, _alias("x")),
             Bad("count-aliases-topk_weights", "clamped_count", ValueError, _alias("topk_weights")),
