@@ -207,3 +207,33 @@ def test_replay_runs_a_strided_case_as_drawn(tmp_path, capsys):
     assert cli.main(["replay", str(path)]) == 0
     out = capsys.readouterr().out
     assert "x=(5, 4):float32 strides (9, 1) offset 0" in out and "PASS" in out
+
+
+def test_resized_tiles_values_along_the_named_axes():
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    case = Case({"k": 1}, {"x": x, "y": torch.ones(4)})
+    grown = case.resized([("x", -1)], 7)
+    assert grown.inputs["x"].tolist() == [[0, 1, 2, 0, 1, 2, 0], [3, 4, 5, 3, 4, 5, 3]]
+    assert grown.inputs["y"] is case.inputs["y"] and grown.params == {"k": 1}
+    assert case.resized([("x", 0), ("y", 0)], 1).inputs["y"].tolist() == [1.0]
+    assert case.resized([("x", 1)], 0).inputs["x"].shape == (2, 0)
+    assert case.resized([("x", 0), ("x", 1)], 4).inputs["x"].tolist() == [[0, 1, 2, 0], [3, 4, 5, 3]] * 2
+    with pytest.raises(KeyError, match="no tensor 'z'"):
+        case.resized([("z", 0)], 2)
+    with pytest.raises(ValueError, match="nothing to repeat"):
+        Case({}, {"x": torch.ones(0, 2)}).resized([("x", 0)], 3)
+
+
+def test_replay_resize_finds_the_size_where_a_failure_begins(tmp_path, capsys, monkeypatch):
+    """ties_high breaks ties among the scores of a row; one expert has none, so only the wider rows fail."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # tests/broken.py: the ties_high topk_gate
+    bad = save_case(tmp_path / "bad", Case({"k": 1}, {"scores": torch.ones(2, 5)}), op="moe.topk_gate",
+                    impl="ties_high")
+    assert cli.main(["replay", str(bad), "--load", "broken", "--resize", "scores:1", "--sizes", "1,5"]) == 1
+    out = capsys.readouterr().out
+    assert "=== scores:1 = 1" in out and "scores=(2, 1):float32" in out
+    assert out.endswith("  PASS        1\n  FAIL        5\n"), out
+    assert cli.main(["replay", str(bad), "--load", "broken", "--resize", "scores:1", "--sizes", "1"]) == 0
+    assert cli.main(["replay", str(bad), str(bad), "--resize", "scores:1", "--sizes", "1"]) == 2
+    with pytest.raises(SystemExit):
+        cli.main(["replay", str(bad), "--resize", "scores", "--sizes", "1"])

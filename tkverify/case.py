@@ -127,6 +127,23 @@ class Case:
         and the case file see."""
         return {k: copy_layout(v, device) for k, v in self.inputs.items()}
 
+    def resized(self, axes: list[tuple[str, int]], size: int) -> "Case":
+        """The same case with each (tensor name, dimension) of `axes` cut or repeated to `size`
+        (contiguous): the values along the axis are tiled, so a row keeps the kind of values it had (a mix
+        stays a mix, a token a token).  `tkverify replay --resize` uses it to find where along one size a
+        failure begins."""
+        inputs = dict(self.inputs)
+        for name, dim in axes:
+            if name not in inputs:
+                raise KeyError(f"the case has no tensor {name!r} (it has {', '.join(inputs)})")
+            t = inputs[name].contiguous()  # a tensor named twice (two of its axes) builds on its first resize
+            if t.shape[dim] == 0 and size > 0:
+                raise ValueError(f"{name} is empty along dimension {dim}: there is nothing to repeat")
+            reps = -(-size // t.shape[dim]) if t.shape[dim] else 0
+            tiled = torch.cat([t] * max(reps, 1), dim=dim) if reps > 1 else t
+            inputs[name] = tiled.narrow(dim, 0, size).contiguous()
+        return Case(dict(self.params), inputs)
+
 
 def versions() -> dict[str, str]:
     """The versions that matter for replaying a case or reading a report."""

@@ -68,6 +68,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     several, 1 if any failed, else 2 if any could not run, else 3 if any was refused, else 0.
     """
     registry.load_plugins(args.load)
+    if args.resize:
+        return cmd_replay_resized(args)
     if len(args.paths) == 1:
         return _replay_one(Path(args.paths[0]), args.impl)
     verdicts = []
@@ -88,8 +90,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _replay_one(path: Path, impl_name: str | None) -> int:
+    loaded = _load_for_replay(path, impl_name)
+    if isinstance(loaded, int):
+        return loaded
+    return _replay_loaded(*loaded)
+
+
+def _load_for_replay(path: Path, impl_name: str | None):
+    """(spec, implementation name, case, meta) of a case file, or the exit status saying why it cannot run."""
     from tkverify.case import CaseFileError, load_case
-    from tkverify.check import VerificationError, check_case
 
     try:
         case, meta = load_case(path)
@@ -107,23 +116,33 @@ def _replay_one(path: Path, impl_name: str | None) -> int:
         return 2
     impl_name = impl_name or meta["impl"]
     if "gradient" in meta and impl_name == "oracle":  # the gradcheck of the float64 backward: no implementation
-        return _replay_gradients(spec, impl_name, case, meta)
+        return spec, impl_name, case, meta
     if impl_name not in spec.impls:
         print(f"tkverify replay: {spec.name} has no implementation {impl_name!r} here "
               f"(registered: {', '.join(spec.impls)}; use --load for your own)", file=sys.stderr)
         return 2
-    impl = spec.impls[impl_name]
-    reason = impl.unavailable_reason()
+    reason = spec.impls[impl_name].unavailable_reason()
     if reason:
         print(f"tkverify replay: {reason}", file=sys.stderr)
         return 2
-    try:
-        if "gradient" in meta:
+    return spec, impl_name, case, meta
+
+
+def _replay_loaded(spec, impl_name: str, case, meta: dict) -> int:
+    """Run a loaded case (its forward check, or its gradient checks) and print the verdict."""
+    from tkverify.check import VerificationError, check_case
+
+    if "gradient" in meta:
+        try:
             return _replay_gradients(spec, impl_name, case, meta)
+        except registry.Unsupported as e:
+            print(f"UNSUPPORTED: {e.reason}")
+            return UNSUPPORTED_EXIT
+    try:
         print(f"replaying {spec.name} [{impl_name}] on {case.describe()}")
         print(f"  recorded with: {meta.get('versions', {})}")
         try:
-            comparisons = check_case(spec, impl, case, case_dir=None, excuse=False)
+            comparisons = check_case(spec, spec.impls[impl_name], case, case_dir=None, excuse=False)
         except VerificationError as e:
             print(f"FAIL\n{e}")
             _print_recorded_worst(meta, e.comparisons)
@@ -137,6 +156,52 @@ def _replay_one(path: Path, impl_name: str | None) -> int:
     _print_recorded_worst(meta, comparisons)
     print("PASS")
     return 0
+
+
+def parse_resize(text: str) -> list[tuple[str, int]]:
+    """`x:-1,comb:2,comb:3` -> [("x", -1), ("comb", 2), ("comb", 3)]: the tensors' dimensions --resize
+    changes together."""
+    axes = []
+    for item in filter(None, text.split(",")):
+        name, sep, dim = item.partition(":")
+        try:
+            axes.append((name, int(dim)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--resize takes NAME:DIM[,NAME:DIM...], got {item!r}") from None
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"--resize takes NAME:DIM[,NAME:DIM...], got {item!r}")
+    return axes
+
+
+def _axes_text(axes: list[tuple[str, int]]) -> str:
+    return ",".join(f"{name}:{dim}" for name, dim in axes)
+
+
+def cmd_replay_resized(args: argparse.Namespace) -> int:
+    """One case replayed at each size of --sizes along the --resize axes; a verdict table at the end.
+    Exit status: 1 if any size failed, else 2 if any could not run, else 3 if any was refused, else 0."""
+    if len(args.paths) != 1:
+        print("tkverify replay: --resize takes one case file", file=sys.stderr)
+        return 2
+    loaded = _load_for_replay(Path(args.paths[0]), args.impl)
+    if isinstance(loaded, int):
+        return loaded
+    spec, impl_name, case, meta = loaded
+    verdicts = []
+    for size in args.sizes:
+        print(f"=== {_axes_text(args.resize)} = {size}", flush=True)
+        try:
+            rc = _replay_loaded(spec, impl_name, case.resized(args.resize, size), meta)
+        except Exception as e:  # noqa: BLE001 - a size the harness cannot build or run: its verdict, not a crash
+            print(f"tkverify replay: size {size}: {type(e).__name__}: {e}", file=sys.stderr)
+            rc = 2
+        verdicts.append((rc, size))
+        print(flush=True)
+    print(f"{spec.name} [{impl_name}] along {_axes_text(args.resize)}:")
+    for rc, size in verdicts:
+        print(f"  {_VERDICTS[rc]:<11} {size}")
+    codes = {rc for rc, _ in verdicts}
+    return next((rc for rc in (1, 2, UNSUPPORTED_EXIT) if rc in codes), 0)
 
 
 def _print_recorded_worst(meta: dict, comparisons) -> None:
@@ -296,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("paths", nargs="+", metavar="path",
                     help="the case file (.json; its .npz lies beside it); several are replayed in one process")
     rp.add_argument("--impl", default=None, help="run another implementation than the recorded one")
+    rp.add_argument("--resize", type=parse_resize, default=None, metavar="NAME:DIM[,NAME:DIM...]",
+                    help="replay the case at each of --sizes along these tensors' dimensions (the values tiled "
+                         "along them), to find where along one size a failure begins")
+    rp.add_argument("--sizes", type=lambda t: [int(v) for v in t.split(",") if v], default=[],
+                    help="the sizes of --resize, a comma list")
     rp.set_defaults(func=cmd_replay)
 
     sh = sub.add_parser("shards", help="per-worker summary of a report's shards, and a check of their merge")
