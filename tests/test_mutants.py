@@ -1,6 +1,8 @@
 """Mutation testing: the ci profile catches every mutant of the eager implementations (and
 every model mutant, the ones the GPU runs, applied to the eager implementations); the
-runner counts, reports and exits as documented."""
+runner counts, reports and exits as documented.  The torch mutants run on the CPU, also on a machine
+with a GPU, and are held to the CPU's claims (claims/torch.toml); the GPU's catalogue run is
+`tkverify mutants --impl tilelang`."""
 
 import io
 import json
@@ -26,7 +28,7 @@ def _run(mutant_list, impl="torch", **kwargs):
 def test_ci_profile_catches_every_torch_mutant(models):
     catalogue = mutants.catalogue()
     profile = settings.get_current_profile_name()
-    outcomes = mutants.run_all(catalogue, "torch", profile="ci", models=models)
+    outcomes = mutants.run_all(catalogue, "torch", profile="ci", models=models, device="cpu")
     assert settings.get_current_profile_name() == profile  # restored
     assert not [n for spec in registry.all_specs() for n in spec.impls if n.startswith("mutant:")]
 
@@ -77,10 +79,10 @@ def test_claim_regressions_span_families():
 def test_a_claim_regression_passes_its_contract_and_fails_its_claims(mutant):
     """A change that keeps an implementation inside its contract but rounds worse than its claim: the
     contract alone misses it on every ci example, the torch claims (claims/torch.toml) catch it."""
-    (alone,) = mutants.run_all([mutant], "torch", profile="ci", claims_dir=None)
+    (alone,) = mutants.run_all([mutant], "torch", profile="ci", claims_dir=None, device="cpu")
     assert alone.status == MISSED, f"{alone.status}: {alone.detail}"
     assert alone.examples >= settings.get_profile("ci").max_examples
-    (held,) = mutants.run_all([mutant], "torch", profile="ci")
+    (held,) = mutants.run_all([mutant], "torch", profile="ci", device="cpu")
     assert (held.status, held.by) == (CAUGHT, CLAIMS), f"{held.status}: {held.detail}"
     assert held.detail.startswith("beyond the claims of torch.toml: "), held.detail
 
@@ -90,7 +92,7 @@ def test_the_unchanged_implementation_is_within_its_claims_in_the_runner(op):
     """No false alarm: the eager implementation itself, run as a mutant that changes nothing, draws the
     examples the claims were measured on and stays within them."""
     unchanged = Mutant("unchanged", op, "nothing", eager=lambda fn: fn)
-    (outcome,) = mutants.run_all([unchanged], "torch", profile="ci")
+    (outcome,) = mutants.run_all([unchanged], "torch", profile="ci", device="cpu")
     assert outcome.status == MISSED, f"{outcome.status}: {outcome.detail}"
     assert outcome.detail.endswith("none beyond the claims of torch.toml"), outcome.detail
 

@@ -275,13 +275,13 @@ class ClaimsGate:
     catches the mutant on its own, and `judge` holds passing rows only).
     """
 
-    def __init__(self, impl: registry.Impl, claims_dir: Path) -> None:
+    def __init__(self, impl: registry.Impl, claims_dir: Path, device: str) -> None:
         from tkverify.case import versions
 
         self.impl = impl.name
         self.claims_dir = claims_dir
         self.meta: dict[str, Any] = {"versions": versions()}
-        if impl.device == "cuda" or (impl.device == "auto" and torch.cuda.is_available()):
+        if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
             from tkverify.report.files import device_info
 
             self.meta.update(device_info())  # names the compute capability: the GPU's claims file
@@ -346,11 +346,13 @@ def temporary_name(mutant: Mutant) -> str:
 
 
 def run_mutant(mutant: Mutant, impl_name: str = "torch", *, models: bool = False,
-               claims_dir: Path | None = None) -> Outcome:
+               claims_dir: Path | None = None, device: str | None = None) -> Outcome:
     """Run one mutant under the hypothesis profile in force (see `hypothesis_profile`).
 
     With `claims_dir`, a forward mutant whose every example passes the contract is also held to the claims
-    of the implementation it mutates (`ClaimsGate`); beyond them it is caught "by the claims"."""
+    of the implementation it mutates (`ClaimsGate`); beyond them it is caught "by the claims".  `device`
+    ("cpu", "cuda") runs the mutant there instead of where the implementation runs by default (an eager
+    torch implementation: the GPU when there is one), and holds it to that device's claims."""
     from tkverify import gradients, suite
 
     start = time.perf_counter()
@@ -377,19 +379,20 @@ def run_mutant(mutant: Mutant, impl_name: str = "torch", *, models: bool = False
     if factory is None:
         return outcome(NOT_APPLICABLE, detail=how)
 
-    gate = ClaimsGate(base, claims_dir) if claims_dir is not None and not mutant.backward else None
+    device = device or base.device
+    gate = ClaimsGate(base, claims_dir, device) if claims_dir is not None and not mutant.backward else None
     tracker = _Tracker(gate)
     try:
         broken = tracker.guarded(factory(base.function()))
     except Exception as e:  # the factory itself no longer fits the implementation
         return outcome(ERROR, how=how, detail=f"building the mutant raised {type(e).__name__}: {e}")
     name = temporary_name(mutant)
-    mutated = registry.Impl(name, broken, device=base.device, requires=base.requires)
+    mutated = registry.Impl(name, broken, device=device, requires=base.requires)
     saved = {"forward": spec.impls.get(name), "backward": spec.backward.impls.get(name) if spec.backward else None}
     view = dataclasses.replace(spec, strategy=lambda: spec.strategy().map(tracker.count))
     try:
         if mutant.backward:
-            spec.impls[name] = registry.Impl(name, forward.target, device=forward.device, requires=forward.requires)
+            spec.impls[name] = registry.Impl(name, forward.target, device=device, requires=forward.requires)
             spec.backward.impls[name] = mutated
             gradients.verify(view, name, record=tracker.record_gradient)
         else:
@@ -418,16 +421,17 @@ def run_mutant(mutant: Mutant, impl_name: str = "torch", *, models: bool = False
 
 def run_all(mutants: Iterable[Mutant], impl_name: str = "torch", *, profile: str = "ci", models: bool = False,
             shrink: bool = False, progress: Callable[[Outcome], None] | None = None,
-            claims_dir: Path | None = claims.DEFAULT_DIR) -> list[Outcome]:
-    """Run each mutant under `profile`.  The claims (`claims_dir`; None: none) hold under the ci profile only,
-    whose fixed draws they were measured on: under another profile a mutant is judged by the contract alone."""
+            claims_dir: Path | None = claims.DEFAULT_DIR, device: str | None = None) -> list[Outcome]:
+    """Run each mutant under `profile` (on `device`, see `run_mutant`).  The claims (`claims_dir`; None:
+    none) hold under the ci profile only, whose fixed draws they were measured on: under another profile a
+    mutant is judged by the contract alone."""
     claims_dir = claims_dir if profile == "ci" else None
     outcomes = []
     with hypothesis_profile(profile, shrink), warnings.catch_warnings():
         # Reporting a failing case repr()s its tensors; its size is no concern here.
         warnings.filterwarnings("ignore", message="Generating overly large repr", category=HypothesisWarning)
         for m in mutants:
-            o = run_mutant(m, impl_name, models=models, claims_dir=claims_dir)
+            o = run_mutant(m, impl_name, models=models, claims_dir=claims_dir, device=device)
             outcomes.append(o)
             if progress is not None:
                 progress(o)
