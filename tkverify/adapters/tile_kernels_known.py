@@ -77,6 +77,13 @@ def _has_nan(op: str, case: Case) -> bool:
     return bool(np.isnan(_amax_input(op, case)).any())
 
 
+def _nan_in_swiglu_gradient(op: str, case: Case) -> bool:
+    """A NaN among what SwiGLU's backward cast differentiates (x, its sf, grad_out): the gradient it casts
+    then holds a NaN in that row's blocks."""
+    return any(bool(torch.isnan(case.inputs[k].float()).any()) for k in ("x", "x_sf", "grad_out")
+               if k in case.inputs)
+
+
 def _has_inf(op: str, case: Case) -> bool:
     return bool(np.isinf(_amax_input(op, case)).any())
 
@@ -132,6 +139,8 @@ def _no_token_some_rows(op: str, case: Case) -> bool:
 FINDINGS = (
     Finding("F1", "a NaN in a block: the sf skips it (NaN-ignoring amax)", BOTH,
             (*_TOKEN_CASTS, _SWIGLU), _has_nan, outputs=frozenset({"sf"})),
+    Finding("F1", "a NaN in a block: the sf skips it (NaN-ignoring amax), in SwiGLU's backward cast", ("2.1.0",),
+            ("quant.swiglu_backward_and_per_token_cast",), _nan_in_swiglu_gradient, outputs=frozenset({"sf"})),
     Finding("F2", "a +-inf in a block: sf inf instead of NaN, and with round_sf 1/sf = -inf", BOTH,
             (*_TOKEN_CASTS, _SWIGLU), _has_inf, outputs=frozenset({"sf", "data"})),
     Finding("F3", "a subnormal precomputed sf: zeros become NaN (e4m3) or 6 (e2m1)", BOTH,
@@ -146,6 +155,9 @@ FINDINGS = (
             error=rf"{_EMPTY_GRID}|Explicit async copy semantics require cp.async lowering"),
     Finding("F16", "swiglu's clamp turns a NaN into the clamp's bound (a NaN-dropping min/max)", ("2.1.0",),
             ("quant.swiglu",), _clamped_nan, outputs=frozenset({"out"})),
+    Finding("F16", "swiglu's clamp turns a NaN into the clamp's bound, in SwiGLU's backward cast", ("2.1.0",),
+            ("quant.swiglu_backward_and_per_token_cast",), _clamped_nan,
+            outputs=frozenset({"x_grad", "data", "sf"})),
     # 2.1.0 words it "no available layout found", 1.0.0 "Divide by zero".  An empty message matches too: the
     # first report of a 2.1.0 one-token case printed none (its replays print the text).
     Finding("F12", "post_mult = 0: a TileLang compile error", BOTH, ("mhc.pre_split_mixes",), _without_post,
