@@ -268,3 +268,38 @@ MHC_FUSED = {
                Bad("comb_mix-not-square", "comb_mix", ValueError, _set("comb_mix", _narrowed(3, 3))),
                Bad("comb_mix-other-layers", "comb_mix", ValueError, _set("comb_mix", _narrowed(0, 1))))),
 }
+
+
+# -- mhc_big_fuse: the fused pre-block forward ----------------------------------------------------------
+
+
+def _big_fuse_inputs() -> dict[str, Any]:
+    """S = 2 splits, N = 3 tokens, m = 4 (M = 24), H = 40."""
+    return {"gemm_out_mul": torch.randn(2, 3, 24, generator=_gen(50)), "gemm_out_sqrsum": _rand(2, 3, seed=51) + 0.5,
+            "scale": _rand(3, seed=52), "base": torch.randn(24, generator=_gen(53)), "residual": _bf16(3, 4, 40, seed=54),
+            "rms_eps": 1e-6, "pre_eps": 1e-2, "sinkhorn_eps": 1e-6, "post_mult": 2.0, "sinkhorn_repeat": 10}
+
+
+MHC_BIG_FUSE = {
+    "pre_big_fuse": Table(
+        base=_big_fuse_inputs,
+        tensors={"gemm_out_mul": torch.float16, "gemm_out_sqrsum": torch.bfloat16, "scale": torch.float64,
+                 "base": torch.float16, "residual": torch.float32},
+        reference="residual",
+        ints={"sinkhorn_repeat": (0, -1)},
+        floats={"rms_eps": NON_FINITE_OR_NOT_POSITIVE + (BEYOND_FP32,), "pre_eps": NOT_NONNEGATIVE + (BEYOND_FP32,),
+                "sinkhorn_eps": NON_FINITE_OR_NOT_POSITIVE + (BEYOND_FP32,), "post_mult": NON_FINITE + (BEYOND_FP32,)},
+        extra=(Bad("residual-m-1", "residual", ValueError, _set("residual", _narrowed(1, 1))),
+               Bad("residual-m-9", "residual", ValueError, _put("residual", _zeros_bf16(3, 9, 40))),
+               Bad("residual-H-0", "residual", ValueError, _put("residual", _zeros_bf16(3, 4, 0))),
+               Bad("gemm_out_mul-no-splits", "gemm_out_mul", ValueError,
+                   _with(gemm_out_mul=torch.zeros(0, 3, 24), gemm_out_sqrsum=torch.zeros(0, 3))),
+               Bad("gemm_out_mul-width-of-another-m", "gemm_out_mul", ValueError, _set("gemm_out_mul", _narrowed(2, 15))),
+               Bad("gemm_out_mul-other-tokens", "gemm_out_mul", ValueError, _set("gemm_out_mul", _narrowed(1, 2))),
+               Bad("gemm_out_sqrsum-other-splits", "gemm_out_sqrsum", ValueError,
+                   _set("gemm_out_sqrsum", _narrowed(0, 1))),
+               Bad("gemm_out_sqrsum-with-columns", "gemm_out_sqrsum", ValueError,
+                   _set("gemm_out_sqrsum", lambda t: t[..., None].expand(2, 3, 24).contiguous())),
+               Bad("scale-four-entries", "scale", ValueError, _put("scale", torch.ones(4))),
+               Bad("base-other-width", "base", ValueError, _set("base", lambda t: t[:15])))),
+}
