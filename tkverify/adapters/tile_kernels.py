@@ -666,8 +666,10 @@ def _impl(op: str, target: Callable[..., Any]) -> Impl:
 
 def family_modules() -> list[Any]:
     """The modules beside this one that map the ops added per family (``tile_kernels_<family>.py``): each
-    holds FORWARD and BACKWARD (op -> mapping function) and registers nothing itself, so that every mapping
-    is registered here, a forward before its backward.  The registry calls `register_all` once it has
+    holds FORWARD and BACKWARD (op -> mapping function) and registers none of them itself, so that every
+    mapping is registered here, a forward before its backward.  (A second tile-kernels function for an op,
+    under an implementation name of its own, is registered by its module's own `register_all`, which the
+    registry calls like every adapter's: tile_kernels_quant_castback.py.)  The registry calls `register_all` once it has
     imported every adapter module, so none of them is half-imported then."""
     import pkgutil
 
