@@ -303,6 +303,35 @@ def per_token_cast(
     )
 
 
+def scales_in_blocks(
+    x: Any,
+    fmt: str,
+    block: tuple[int, int],
+    round_sf: bool,
+    use_ue8m0: bool,
+    use_packed_ue8m0: bool,
+    use_tma_aligned_col_major_sf: bool,
+    clamp_min: float | None,
+) -> torch.Tensor:
+    """The sf of `cast_in_blocks`, alone: the exact scales of x's blocks, stored as the flags ask."""
+    sf = stored_scales(exact_scales(as_float64(x), fmt, block, round_sf, clamp_min))
+    return store_sf(
+        sf,
+        use_ue8m0=use_ue8m0,
+        use_packed_ue8m0=use_packed_ue8m0,
+        use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
+    )
+
+
+def cast_with_given_sf(x: Any, sf: torch.Tensor, fmt: str, block: tuple[int, int]) -> torch.Tensor:
+    """The data of x quantised in `block`-shaped blocks with a given sf (any storage the casts produce, any
+    layout): q = RNE_sat(x / sf) with IEEE division (sf = 0 gives +-inf, then +-max where the format has no
+    inf)."""
+    x64 = as_float64(x)
+    values = sf_logical_values(sf, sf_grid(*x64.shape, block)[1])
+    return pack_data(encode_elements(quotients(x64, values, block), fmt), fmt)
+
+
 def per_token_cast_with_sf_only(
     x: Any,
     fmt: str = "e4m3",
@@ -315,23 +344,13 @@ def per_token_cast_with_sf_only(
     clamp_min: float | None = None,
 ):
     """The sf per_token_cast returns, alone."""
-    x64 = as_float64(x)
-    sf = stored_scales(exact_scales(x64, fmt, (1, num_per_channels), round_sf, clamp_min))
-    return store_sf(
-        sf,
-        use_ue8m0=use_ue8m0,
-        use_packed_ue8m0=use_packed_ue8m0,
-        use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
-    )
+    return scales_in_blocks(x, fmt, (1, num_per_channels), round_sf, use_ue8m0, use_packed_ue8m0,
+                            use_tma_aligned_col_major_sf, clamp_min)
 
 
 def per_token_cast_with_precomputed_sf(x: Any, sf: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 128):
-    """The data of x quantised with a given sf (any storage the casts produce, any layout):
-    q = RNE_sat(x / sf) with IEEE division (sf = 0 gives +-inf, then +-max where the format has no inf)."""
-    x64 = as_float64(x)
-    block = (1, num_per_channels)
-    values = sf_logical_values(sf, sf_grid(*x64.shape, block)[1])
-    return pack_data(encode_elements(quotients(x64, values, block), fmt), fmt)
+    """The data of x quantised with a given sf (T, H / num_per_channels): `cast_with_given_sf`."""
+    return cast_with_given_sf(x, sf, fmt, (1, num_per_channels))
 
 
 def per_block_cast(
@@ -348,6 +367,28 @@ def per_block_cast(
     """(data, sf) of x (T, H) cut into bm x bk blocks (sf (ceil(T/bm), H/bk))."""
     return cast_in_blocks(x, fmt, tuple(block), round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
                           clamp_min)
+
+
+def per_block_cast_with_sf_only(
+    x: Any,
+    fmt: str = "e4m3",
+    block: tuple[int, int] | list[int] = (128, 128),
+    *,
+    round_sf: bool = False,
+    use_ue8m0: bool = False,
+    use_packed_ue8m0: bool = False,
+    use_tma_aligned_col_major_sf: bool = False,
+    clamp_min: float | None = None,
+):
+    """The sf per_block_cast returns, alone."""
+    return scales_in_blocks(x, fmt, tuple(block), round_sf, use_ue8m0, use_packed_ue8m0,
+                            use_tma_aligned_col_major_sf, clamp_min)
+
+
+def per_block_cast_with_precomputed_sf(x: Any, sf: torch.Tensor, fmt: str = "e4m3",
+                                       block: tuple[int, int] | list[int] = (128, 128)):
+    """The data of x quantised in bm x bk blocks with a given sf (ceil(T/bm), H/bk): `cast_with_given_sf`."""
+    return cast_with_given_sf(x, sf, fmt, tuple(block))
 
 
 def per_channel_cast(

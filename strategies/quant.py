@@ -480,18 +480,17 @@ SF_SPECIALS = (0.0, np.inf, np.nan, 2.0**-149, 2.0**-127, 2.0**127)
 
 
 @st.composite
-def precomputed_sf_cases(draw) -> Case:
-    """Cases of per_token_cast_with_precomputed_sf: x, and an sf that is the oracle's,
-    or one moved so that amax / sf hits the saturation edges, or a special value."""
-    case = draw(per_token_cast_cases())
-    params, x = case.params, case.inputs["x"]
-    fmt, npc = params["fmt"], params["num_per_channels"]
+def given_sf(draw, params: dict, x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """A precomputed sf for x cut into `block`, stored as params' sf flags ask (row-major): the oracle's, or
+    one moved so that amax / sf hits the saturation edges, or a special value.  params: a computed-sf cast's
+    (fmt, round_sf, use_ue8m0, use_packed_ue8m0, clamp_min)."""
+    fmt = params["fmt"]
     x64 = ref.as_float64(x)
-    exact = ref.exact_scales(x64, fmt, (1, npc), params["round_sf"], params["clamp_min"])
+    exact = ref.exact_scales(x64, fmt, block, params["round_sf"], params["clamp_min"])
     sf = ref.stored_scales(exact)
     rng = np.random.default_rng(draw(seeds()))
     if draw(st.booleans()) and sf.size:  # move some blocks' sf towards saturation
-        amax = np.maximum(ref.block_amax(x64, (1, npc)), ref.clamp_min_value(fmt, params["clamp_min"]))
+        amax = np.maximum(ref.block_amax(x64, block), ref.clamp_min_value(fmt, params["clamp_min"]))
         moved = rng.random(sf.shape) < 0.5
         targets = _saturation_targets(fmt)[rng.integers(0, 8, size=sf.shape)]
         with np.errstate(invalid="ignore"):
@@ -503,10 +502,19 @@ def precomputed_sf_cases(draw) -> Case:
         specials = np.array(SF_SPECIALS if not params["use_ue8m0"] else (np.nan, 2.0**-127, 2.0**127))
         hit = rng.random(sf.shape) < 0.3
         sf = np.where(hit, specials[rng.integers(0, len(specials), size=sf.shape)], sf)
-        if not params["use_ue8m0"] and rng.random() < 0.5:  # a token whose every sf is 0 (ue8m0 has no 0)
+        if not params["use_ue8m0"] and rng.random() < 0.5:  # a block row whose every sf is 0 (ue8m0 has no 0)
             sf[int(rng.integers(0, sf.shape[0]))] = 0.0
-    stored = ref.store_sf(sf, use_ue8m0=params["use_ue8m0"], use_packed_ue8m0=params["use_packed_ue8m0"])
-    return Case(params={"fmt": fmt, "num_per_channels": npc}, inputs={"x": x, "sf": stored})
+    return ref.store_sf(sf, use_ue8m0=params["use_ue8m0"], use_packed_ue8m0=params["use_packed_ue8m0"])
+
+
+@st.composite
+def precomputed_sf_cases(draw) -> Case:
+    """Cases of per_token_cast_with_precomputed_sf: x, and a `given_sf`."""
+    case = draw(per_token_cast_cases())
+    params, x = case.params, case.inputs["x"]
+    sf = draw(given_sf(params, x, (1, params["num_per_channels"])))
+    return Case(params={"fmt": params["fmt"], "num_per_channels": params["num_per_channels"]},
+                inputs={"x": x, "sf": sf})
 
 
 # -- cast_back -----------------------------------------------------------------------------
@@ -709,14 +717,17 @@ def computed_sf_saturation(block_of: Callable[[dict, torch.Tensor], tuple[int, i
     return classify
 
 
-def precomputed_sf_saturation(case: Case) -> set[str]:
-    """The saturation classes of per_token_cast_with_precomputed_sf: x against the sf it is given."""
-    p, x = case.params, case.inputs["x"]
-    if x.numel() == 0:
-        return set()
-    block = (1, p["num_per_channels"])
-    sf = ref.sf_logical_values(case.inputs["sf"], x.shape[-1] // block[1])[: x.shape[0]]
-    return saturation_classes(p["fmt"], x, sf, block)
+def given_sf_saturation(block_of: Callable[[dict], tuple[int, int]]) -> Callable[[Case], set[str]]:
+    """The saturation classes of a cast with a precomputed sf: x against the sf it is given;
+    ``block_of(params)`` gives the case's block."""
+    def classify(case: Case) -> set[str]:
+        p, x = case.params, case.inputs["x"]
+        if x.numel() == 0:
+            return set()
+        block = block_of(p)
+        sf = ref.sf_logical_values(case.inputs["sf"], x.shape[-1] // block[1])
+        return saturation_classes(p["fmt"], x, sf, block)
+    return classify
 
 
 # The classes each strategy reaches under the ci profile (tests/test_classes.py), as tkverify/specs/quant.py lists.
@@ -736,7 +747,7 @@ precomputed_sf_cases = tagging("x", (
     'dtype_max:x', 'nan:sf', 'nan:x', 'nan_payload:x', 'neg_zero:x', 'non_pow2', 'pos_inf:sf', 'pos_inf:x',
     'saturation_edge:x', 'saturation_midpoint:x', 'signed_zero_tie:x', 'single_row', 'subnormal:sf',
     'subnormal:x', 'zero_row:sf',
-), precomputed_sf_saturation)(precomputed_sf_cases)
+), given_sf_saturation(lambda p: (1, p["num_per_channels"])))(precomputed_sf_cases)
 cast_back_cases = tagging("data", (
     'dtype_max:data', 'empty', 'nan:data', 'nan:sf', 'nan_payload:data',
     'neg_zero:data', 'non_pow2', 'pos_inf:sf', 'signed_zero_tie:data', 'single_row',

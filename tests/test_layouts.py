@@ -26,6 +26,7 @@ from tkverify.suite import drawing_layouts, verify
 ROW_INPUTS = {
     "quant.per_token_cast": "x", "quant.per_token_cast_with_sf_only": "x",
     "quant.per_token_cast_with_precomputed_sf": "x", "quant.per_block_cast": "x", "quant.per_channel_cast": "x",
+    "quant.per_block_cast_with_sf_only": "x", "quant.per_block_cast_with_precomputed_sf": "x",
     "quant.swiglu_forward_and_per_token_cast": "x", "quant.swiglu": "x",
     "quant.swiglu_forward_and_per_channel_cast_and_transpose": "x", "transpose.transpose": "x",
     "transpose.batched_transpose": "x", "moe.topk_gate": "scores",

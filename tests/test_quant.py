@@ -15,6 +15,7 @@ from hypothesis.errors import NoSuchExample
 
 import references.quant as ref
 import strategies.quant as sq
+import strategies.quant_block as sqb
 from kernels.torch import quant as kq
 from tkverify import formats, registry
 from tkverify.case import Case, load_case, save_case
@@ -183,6 +184,11 @@ BAD_CALLS = [
     (kq.per_block_cast, (torch.randn(4, 48), "e4m3", (32, 32)), {}, ValueError, "block"),
     (kq.per_block_cast, (X, "e5m6", (32, 32)), {}, ValueError, "fmt"),
     (kq.per_block_cast, (X, "e4m3", (32, 32)), {"use_ue8m0": True}, ValueError, "use_ue8m0"),
+    (kq.per_block_cast_with_sf_only, (X, "e4m3", (64, 64)), {}, ValueError, "block"),
+    (kq.per_block_cast_with_sf_only, (X, "e5m6", (32, 32)), {}, ValueError, "fmt"),
+    (kq.per_block_cast_with_precomputed_sf, (X, torch.ones(4, 1), "e4m3", (32, 32)), {}, ValueError, "sf"),
+    (kq.per_block_cast_with_precomputed_sf, (X, torch.ones(1, 1), "e4m3", (128, 128)), {}, ValueError, "block"),
+    (kq.per_block_cast_with_precomputed_sf, (X, torch.ones(1, 1).double(), "e4m3", (32, 32)), {}, TypeError, "sf"),
     (kq.per_channel_cast, (X, "e4m3", 8), {}, ValueError, "num_per_tokens"),
     (kq.per_channel_cast, (X, "e5m6", 16), {}, ValueError, "fmt"),
     (kq.per_channel_cast, (torch.randn(4, 5), "e2m1", 16), {}, ValueError, "e2m1"),
@@ -855,3 +861,67 @@ def test_fast_e5m6_encode_model_equals_the_shipped_one_and_the_oracle():
     finite = np.isfinite(q)
     np.testing.assert_array_equal(fast[finite], formats.E5M6.encode(q[finite].astype(np.float64)).astype(np.uint32))
     assert (fast[~finite & np.isnan(q)] & 0x7FF == 0x7E0).all() and (fast[np.isinf(q)] & 0x7FF == 0x7BF).all()
+
+
+# -- the per-block cast's variants: sf only, precomputed sf --------------------------------------------
+
+
+def test_block_oracles_on_hand_worked_values():
+    """(32, 32) blocks of a 33 x 64 x: the last block row is one row.  Block (0, 0) has amax 896: sf = 896 / 448
+    = 2, and x / 2 codes; the zero block (0, 1) the sf of clamp_min; block (1, 0) (row 32) amax 44.8."""
+    x = torch.zeros(33, 64)
+    x[0, :4] = torch.tensor([1.0, 3.0, -5.0, 896.0])
+    x[32, 0] = 44.8
+    sf = ref.per_block_cast_with_sf_only(x, "e4m3", (32, 32))
+    assert sf.shape == (2, 2)
+    assert sf[0, 0].item() == 2.0
+    assert sf[0, 1].item() == np.float32(np.float32(1e-4) / np.float32(448.0))
+    assert sf[1, 0].item() == np.float32(np.float32(44.8) / np.float32(448.0))
+    data = ref.per_block_cast_with_precomputed_sf(x, torch.tensor([[2.0, 0.0], [0.25, float("nan")]]), "e4m3",
+                                                  (32, 32))
+    decoded = data.float()
+    assert decoded[0, :4].tolist() == [0.5, 1.5, -2.5, 448.0]  # 896 / 2 = 448: the largest code, exactly
+    assert torch.isnan(decoded[0, 32:]).all()  # 0 / 0 in block (0, 1)
+    assert decoded[32, 0].item() == 176.0  # fp32 44.8 / 0.25 = 179.2..., RNE in e4m3 (spacing 16 there)
+    assert torch.isnan(decoded[32, 32:]).all()  # a NaN sf
+    saturating = ref.per_block_cast_with_precomputed_sf(x, torch.tensor([[2**-20, 2.0], [2.0, 2.0]]), "e4m3", (32, 32))
+    assert saturating.float()[0, :4].tolist() == [448.0, 448.0, -448.0, 448.0]
+
+
+@pytest.mark.parametrize("options", [{}, {"round_sf": True, "use_ue8m0": True, "use_packed_ue8m0": True,
+                                           "use_tma_aligned_col_major_sf": True}])
+def test_block_sf_only_and_precomputed_reproduce_per_block_cast(options):
+    """Both oracles and both torch variants: the sf of per_block_cast, and its data given that sf."""
+    x = torch.randn(130, 256) * torch.exp2(torch.randint(-8, 8, (130, 1)).float())
+    for impl in (ref, kq):
+        data, sf = impl.per_block_cast(x, "e2m1", (32, 32), **options)
+        sf_only = impl.per_block_cast_with_sf_only(x, "e2m1", (32, 32), **options)
+        assert sf_only.stride() == sf.stride() and torch.equal(sf_only, sf)
+        given = impl.per_block_cast_with_precomputed_sf(x, sf, "e2m1", [32, 32])
+        assert torch.equal(given, data)
+
+
+@pytest.mark.parametrize("op, strategy", [("per_block_cast_with_sf_only", sq.per_block_cast_cases),
+                                          ("per_block_cast_with_precomputed_sf", sqb.block_precomputed_sf_cases)])
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_block_variants_torch_impl_passes_the_spec(op, strategy, data):
+    case = data.draw(strategy())
+    run_spec(op, getattr(kq, op), case)
+
+
+def test_block_precomputed_sf_of_the_first_block_row_only_is_caught():
+    """A precomputed cast that divides every block row by the first block row's sf fails the spec."""
+    def first_block_row(x, sf, fmt="e4m3", block=(128, 128)):
+        return kq.per_block_cast_with_precomputed_sf(x, sf[:1].expand(sf.shape) if sf.shape[0] else sf, fmt, block)
+    assert first_failure("per_block_cast_with_precomputed_sf", first_block_row) is not None
+
+
+def test_block_sf_only_of_the_first_row_only_is_caught():
+    """An sf-only cast whose amax reads only the first row of each block row fails the spec."""
+    def first_rows(x, fmt="e4m3", block=(128, 128), **options):
+        bm = block[0]
+        firsts = x[::bm].repeat_interleave(bm, 0)[:x.shape[0]] if x.shape[0] else x
+        return kq.per_block_cast_with_sf_only(firsts, fmt, block, **options)
+    assert first_failure("per_block_cast_with_sf_only", first_rows) is not None

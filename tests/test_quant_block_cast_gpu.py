@@ -1,4 +1,5 @@
-"""The TileLang block_cast kernel (per_block_cast, per_channel_cast) on its own paths.
+"""The TileLang block_cast kernel (per_block_cast, its sf-only and precomputed-sf variants,
+per_channel_cast) on its own paths.
 
 GPU tests (skipped, with the reason, without CUDA or tilelang):
 
@@ -12,6 +13,12 @@ GPU tests (skipped, with the reason, without CUDA or tilelang):
   element limit cut to a tile row or two), the tuning candidates (BLOCK_TUNE_CONFIGS)
   against the shipped configuration, and a misaligned x (a view at an odd offset) against
   its aligned copy.  Each must not change a single byte.
+
+The variants: per_block_cast_with_sf_only returns per_block_cast's sf byte for byte, and
+per_block_cast_with_precomputed_sf given per_block_cast's own sf (every storage and layout) its
+data (an IEEE division by sf is the correctly rounded quotient the corrected product gives), and
+the eager variant's on the CPU given any sf, special values included (e4m3: NaN codes of either
+sign agree; e2m1 has no NaN, so it is compared on finite quotients only by the differential suite).
 
 Shapes reach the tiling's tails: T not a multiple of the 128-row tile or of bm, H not a
 multiple of the 128-column tile (96, 160, 320), per_channel H % 8 != 0 (the element path,
@@ -202,3 +209,58 @@ def test_large_matches_eager_cpu_bitwise(quant, op, block):
     for opts in ({}, options):
         assert_same_output(_call(quant, op, x.cuda(), "e4m3", block, opts), _call(eager, op, x, "e4m3", block, opts),
                            f"{opts}")
+
+
+BLOCK_CASES = [c for c in CASES if c[0] == "per_block_cast"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+@pytest.mark.parametrize("case", BLOCK_CASES, ids=_ids(BLOCK_CASES))
+def test_sf_only_and_precomputed_sf_reproduce_per_block_cast(quant, case, fmt, dtype):
+    _, block, num_rows, hidden = case
+    x = finite_input(num_rows, hidden, dtype, seed=hidden + num_rows + 1).cuda()
+    for options in SF_OPTIONS:
+        data, sf = quant.per_block_cast(x, fmt, block, **options)
+        sf_only = quant.block_cast.per_block_cast_with_sf_only(x, fmt, block, **options)
+        assert_same_output((data, sf_only), (data, sf), f"sf only {options}")
+        given = quant.block_cast.per_block_cast_with_precomputed_sf(x, sf, fmt, block)
+        assert_same_output((given, sf), (data, sf), f"precomputed {options}")
+
+
+def _e4m3_codes_nan_agnostic(t: torch.Tensor) -> torch.Tensor:
+    """e4m3 bytes with every NaN code (0x7F, 0xFF) as 0x7F."""
+    b = _bytes(t)
+    return torch.where((b & 0x7F) == 0x7F, torch.full_like(b, 0x7F), b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("block, num_rows, hidden", [((128, 128), 257, 384), ((32, 32), 65, 160)])
+def test_precomputed_sf_with_special_values_matches_eager_cpu(quant, block, num_rows, hidden, dtype):
+    """sf of 0 (x / 0 = +-inf saturates, 0 / 0 = NaN), inf, NaN, subnormals, 2^127, in fp32 and (where the storage
+    has them) ue8m0 bytes and packed ue8m0, row-major and column-major: IEEE division, as the eager cast's."""
+    x = finite_input(num_rows, hidden, dtype, seed=23)
+    x[0, :5] = torch.tensor([0.0, -0.0, 448.0, -1e-30, 3e38]).to(dtype)
+    _, sf = eager.per_block_cast(x, "e4m3", block)
+    g = _generator(29)
+    specials = torch.tensor([0.0, float("inf"), float("nan"), 2.0**-149, 2.0**-127, 2.0**127, 1e-30])
+    hit = torch.rand(sf.shape, generator=g) < 0.3
+    sf = torch.where(hit, specials[torch.randint(0, len(specials), sf.shape, generator=g)], sf)
+    sf[0] = 0.0
+    pow2 = eager.per_block_cast(x, "e4m3", block, round_sf=True, use_ue8m0=True)[1]
+    pow2[hit] = torch.tensor([0, 0xFF, 1, 254], dtype=torch.uint8)[torch.randint(0, 4, (int(hit.sum()),), generator=g)]
+    packed = eager.per_block_cast(x, "e4m3", block, round_sf=True, use_ue8m0=True, use_packed_ue8m0=True)[1]
+    for given in (sf, sf.T.contiguous().T, pow2, packed):
+        got = quant.block_cast.per_block_cast_with_precomputed_sf(x.cuda(), given.cuda(), "e4m3", block)
+        want = eager.per_block_cast_with_precomputed_sf(x, given, "e4m3", block)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        differ = (_e4m3_codes_nan_agnostic(got) != _e4m3_codes_nan_agnostic(want)).sum().item()
+        assert differ == 0, f"{given.dtype} {given.stride()}: {differ} codes differ"
+
+
+def test_variants_of_an_empty_x(quant):
+    x = torch.zeros(0, 256, dtype=torch.bfloat16, device="cuda")
+    sf = quant.block_cast.per_block_cast_with_sf_only(x, "e4m3", (128, 128), use_tma_aligned_col_major_sf=True)
+    assert sf.shape == (0, 2) and sf.dtype == torch.float32
+    data = quant.block_cast.per_block_cast_with_precomputed_sf(x, torch.ones(0, 2, device="cuda"), "e2m1", (128, 128))
+    assert data.shape == (0, 128) and data.dtype == torch.int8

@@ -16,7 +16,8 @@ configurations (everything else is a runtime argument), in these modules:
 ``token_cast``      per_token_cast, per_token_cast_with_sf_only,
                     per_token_cast_with_precomputed_sf: path choice and launches
 ``swiglu``          swiglu_forward_and_per_token_cast: the same kernel, source swiglu
-``block_cast``      kernel quant.block_cast, per_block_cast and per_channel_cast
+``block_cast``      kernel quant.block_cast, per_block_cast (and its sf-only and precomputed-sf
+                    forms) and per_channel_cast
 ``dequant``         kernel quant.cast_back and cast_back: codes times sf, back to bf16 / fp32
 ``scale``           amax, sf (plain and round_sf), the ue8m0 byte, sf storage and layouts
 ``encode``          the element encoders: e2m1 and e5m6 codes of an fp32 quotient
@@ -28,7 +29,7 @@ The shared modules (``scale``, ``encode``, ``prelude``, ``common``) import none 
 modules above them.  TileLang itself is imported lazily (``kernels._tilelang.T()``), so importing
 this package never imports tilelang.
 
-The names below are the package's interface: the seven ops (``kernels.quant:NAME`` in
+The names below are the package's interface: the nine ops (``kernels.quant:NAME`` in
 tkverify/specs/quant.py), the KernelDefs ``kernels.KERNELS`` lists, and the configurations and
 override tables that benchmarks/tune.py and the GPU tests use.  A test that reassigns a
 module-level value patches the module that reads it (``kernels.quant.block_cast``, say), not
@@ -37,7 +38,8 @@ this package.
 
 from .block_cast import (BLOCK_CAST, BLOCK_CONFIGS, BLOCK_MAX_ELEMENTS_PER_LAUNCH, BLOCK_OVERRIDES, BLOCK_TILE_ROWS,
                          BLOCK_TUNE_CONFIGS, BlockConfig, _block_vectors, block_config, block_geometry,
-                         build_block_cast, per_block_cast, per_channel_cast)
+                         build_block_cast, per_block_cast, per_block_cast_with_precomputed_sf,
+                         per_block_cast_with_sf_only, per_channel_cast)
 from .common import CHUNK, FORMATS, MAX_Q, WARP, magic_divisor
 from .dequant import (BACK_MAX_ELEMENTS, CAST_BACK, CAST_BACK_CONFIGS, CAST_BACK_OVERRIDES, CAST_BACK_TUNE_CONFIGS,
                       CastBackConfig, build_cast_back, cast_back)

@@ -1,5 +1,7 @@
-"""The block_cast kernel (kernel quant.block_cast) and its two wrappers: per_block_cast (blocks of
-bm x bk = 128 x 128 or 32 x 32) and per_channel_cast (blocks of num_per_tokens x 1).
+"""The block_cast kernel (kernel quant.block_cast) and its wrappers: per_block_cast (blocks of
+bm x bk = 128 x 128 or 32 x 32), its sf-only and precomputed-sf variants
+(per_block_cast_with_sf_only, per_block_cast_with_precomputed_sf), and per_channel_cast (blocks of
+num_per_tokens x 1).
 
 Blocks of bm x bk, bm in {16, 32, 64, 128}, bk in {1, 32, 128}.  A CTA (256 threads) takes a tile
 of 128 rows (whole blocks: bm divides 128) by 128 columns (whole blocks: bk divides 128); thread
@@ -21,13 +23,25 @@ t owns the chunk of 8 consecutive columns 8 (t % 16) in the 8 rows 8 (t / 16) ..
   issue-bound), codes by `tkq_e4m3x2` / `_e2m1_nibble`; vector path: one 8-byte (e4m3) or 4-byte
   (e2m1) store per chunk; element path: byte stores, guarded.
 
+* sf only (``with_data`` = 0, a runtime argument): the same kernel without the quantise pass and
+  its stores (data is a placeholder).
+* Precomputed sf (``precomputed`` = 1, a static field of `BlockConfig`, kernels of their own): no
+  amax; one thread per block of the tile reads the block's given sf (fp32, ue8m0 or packed, any
+  strides: `read_scale`) into shared memory, and every quotient is an IEEE division x / sf
+  (``__fdiv_rn``: an sf of 0, subnormal, inf or NaN gives what IEEE division gives).  64 inline
+  divisions per thread would bloat the computed-sf kernel's code, hence a static field.
+
 The work split changes no arithmetic: every configuration gives the same bits (the 4 shipped
-ones, input dtype x format, and the 2 tuning candidates `BLOCK_TUNE_CONFIGS`).  ptxas (sm_90)
+ones, input dtype x format, their 4 precomputed-sf twins, and the 2 tuning candidates
+`BLOCK_TUNE_CONFIGS`).  ptxas (sm_90)
 gives bf16 80 registers (3 CTAs per SM, 96 KB of input in flight) and fp32 at most 128 (2 CTAs)
 (reports/evidence/quant.md#registers).  The wrappers launch in pieces of whole tile rows: at most
 2^31 - 1 CTAs, and on the vector path fewer than 2^31 elements (its flat views have int32
 sizes).  Everything but the input dtype and the format (block geometry, sf storage, round_sf,
-layout, clamp_min, T, H) is a runtime argument.
+layout, clamp_min, T, H, with_data) is a runtime argument.
+
+x is read dense (row stride H), as tile-kernels' per_block_cast and per_channel_cast read it (both
+releases assert a contiguous x): a row-strided x is refused by name (`check_dense_rows`).
 """
 
 # No `from __future__ import annotations` here: tilelang evaluates the
@@ -63,6 +77,8 @@ class BlockConfig(NamedTuple):
     threads: int = 256  # per CTA
     rows: int = 8  # rows per thread R (a divisor of BLOCK_MIN_BM); BLOCK_TILE_ROWS / R row groups per tile
     min_blocks: int = 2  # CTAs per SM promised to ptxas (caps registers at 65536 / (threads * min_blocks))
+    # 1: the sf is given (read, not computed) and every quotient is an IEEE division (see the module docstring)
+    precomputed: int = 0
 
 
 def block_geometry(config: BlockConfig) -> tuple[int, int, int]:
@@ -84,8 +100,8 @@ def block_geometry(config: BlockConfig) -> tuple[int, int, int]:
 # Shipped: 256 threads, 8 rows each (16 row groups x 16 lanes: 128 x 128 tiles).  bf16 holds 32
 # words of input per thread and fits 3 CTAs per SM; fp32 holds 64 and fits 2.
 BLOCK_MIN_BLOCKS = {"bfloat16": 3, "float32": 2}
-BLOCK_CONFIGS = tuple(BlockConfig(dtype, fmt, min_blocks=BLOCK_MIN_BLOCKS[dtype])
-                      for dtype in ("bfloat16", "float32") for fmt in ("e4m3", "e2m1"))
+BLOCK_CONFIGS = tuple(BlockConfig(dtype, fmt, min_blocks=BLOCK_MIN_BLOCKS[dtype], precomputed=precomputed)
+                      for precomputed in (0, 1) for dtype in ("bfloat16", "float32") for fmt in ("e4m3", "e2m1"))
 # Candidates for a tuning run (compiled by precompile, never used by default; bitwise equal by
 # construction: only the work split changes).  512 threads x 4 rows: half the registers of input
 # per thread, 128 x 128 tiles (64 registers, 2 CTAs per SM); 128 threads x 16 rows: 64 words in
@@ -99,8 +115,11 @@ BLOCK_TUNE_CONFIGS = (
 BLOCK_OVERRIDES: dict[tuple[str, str], BlockConfig] = {}
 
 
-def block_config(dtype: str, fmt: str) -> BlockConfig:
-    """The configuration of a block_cast call: the shipped one, unless a tuning run overrides it."""
+def block_config(dtype: str, fmt: str, precomputed: bool = False) -> BlockConfig:
+    """The configuration of a block_cast call: the shipped one, unless a tuning run overrides it (computed
+    sf only)."""
+    if precomputed:
+        return BlockConfig(dtype, fmt, min_blocks=BLOCK_MIN_BLOCKS[dtype], precomputed=1)
     return BLOCK_OVERRIDES.get((dtype, fmt)) or BlockConfig(dtype, fmt, min_blocks=BLOCK_MIN_BLOCKS[dtype])
 
 
@@ -151,9 +170,11 @@ def _tile_load_macros(T, bf16, wpc, rows_per_thread, num_rows, hidden):
     return load_rows, amax_of_rows
 
 
-def _tile_scale_macros(T, bf16, threads, tile_cols, tile_cols_log2, tile_rows_log2, rows_log2, slots, scale_of,
-                       write_scale, num_rows, hidden):
-    """(publish_amax, scales_of_tile, chunk_scales): each block's amax and sf, through shared memory."""
+def _tile_scale_macros(T, bf16, threads, tile_cols, tile_cols_log2, tile_rows_log2, rows_log2, slots, scale_macros,
+                       num_rows, hidden):
+    """(publish_amax, scales_of_tile, given_scales_of_tile, chunk_scales): each block's amax and sf (computed,
+    or read from a given sf), through shared memory."""
+    scale_of, read_scale, write_scale = scale_macros
 
     def column_amax(cam, p, h):
         """amax bits of column 2p + h of the chunk over the thread's rows (bf16: cam holds halfword maxima)."""
@@ -219,6 +240,24 @@ def _tile_scale_macros(T, bf16, threads, tile_cols, tile_cols_log2, tile_rows_lo
                                 st1, ue1)
 
     @T.macro
+    def given_scales_of_tile(sst, sf32, sf8, tile_row, tile_col, tx, bm_log2, bk_log2, block_row0, s0, s1, sf_mode,
+                             st1, ue1):
+        # One thread per block of the tile: its given sf, read from the sf storage into sst (blocks past T
+        # or H, whose elements are never stored, get 0)
+        slots_log2 = tile_cols_log2 - bk_log2
+        blocks = 1 << (tile_rows_log2 - bm_log2 + slots_log2)
+        for it in T.serial(T.ceildiv(blocks, threads)):
+            p = it * threads + tx
+            if p < blocks:
+                first_row = tile_row * BLOCK_TILE_ROWS + ((p >> slots_log2) << bm_log2)
+                first_col = tile_col * tile_cols + ((p & ((1 << slots_log2) - 1)) << bk_log2)
+                st1[0] = T.float32(0)
+                if first_row < num_rows and first_col < hidden:
+                    read_scale(sf32, sf8, sf_mode, block_row0 + (first_row >> bm_log2), first_col >> bk_log2, s0, s1,
+                               st1, ue1)
+                sst[p] = st1[0]
+
+    @T.macro
     def chunk_scales(sst, stv, st, bm_log2, bk_log2, group, lane):
         # st[e] <- (sf, 1 / sf, correction) of column e of the thread's chunk, from sst
         base = ((group >> (bm_log2 - rows_log2)) << (tile_cols_log2 - bk_log2))  # the thread's block row
@@ -234,16 +273,19 @@ def _tile_scale_macros(T, bf16, threads, tile_cols, tile_cols_log2, tile_rows_lo
             for j in T.unroll(3):
                 st[e, j] = stv[j, e]
 
-    return publish_amax, scales_of_tile, chunk_scales
+    return publish_amax, scales_of_tile, given_scales_of_tile, chunk_scales
 
 
-def _tile_store_macros(T, fmt, bf16, rows_per_thread, dpc, num_rows, hidden):
+def _tile_store_macros(T, fmt, bf16, rows_per_thread, dpc, num_rows, hidden, precomputed):
     """store_rows: the quotients of a thread's rows, their codes, and the stores of the data."""
 
     @T.macro
     def quotient(v, st, q, i):
-        q0 = T.ieee_mul(v, st[i, 1])
-        q[i] = T.ieee_fmaf(-T.ieee_fmaf(q0, st[i, 0], -v), st[i, 2], q0)
+        if precomputed:
+            q[i] = T.ieee_fdiv(v, st[i, 0])
+        else:
+            q0 = T.ieee_mul(v, st[i, 1])
+            q[i] = T.ieee_fmaf(-T.ieee_fmaf(q0, st[i, 0], -v), st[i, 2], q0)
 
     # Element 2p + h of a chunk (h = 0, 1 static: a loop variable cannot pick a Python branch) is, in
     # bf16, half h of word p.
@@ -298,10 +340,12 @@ def build_block_cast(config: BlockConfig):
     Arguments: x (T, H) raw bits and data bytes (T, width) for the element path; xw / dw, the
     same memory as flat int32 words for the vector path (vec = 1: H % 8 == 0, x 16-byte and
     data 8-byte aligned; else one-element placeholders); the sf views; log2 bm, log2 bk; the
-    tile columns per tile row; the sf row of the launch's first block row; the sf options.
+    tile columns per tile row; the sf row of the launch's first block row; the sf options;
+    with_data (0: sf only, no data written).  With config.precomputed the sf views are the
+    given sf, read (round_sf and clamp_min unused).
     """
     T = _tilelang.T()
-    dtype, fmt, threads, rows_per_thread, min_blocks = config
+    dtype, fmt, threads, rows_per_thread, min_blocks, precomputed = config
     groups, lanes, tile_cols = block_geometry(config)
     raw = RAW_INPUT[dtype]
     bf16 = dtype == "bfloat16"
@@ -312,14 +356,13 @@ def build_block_cast(config: BlockConfig):
     tile_cols_log2 = tile_cols.bit_length() - 1
     rows_log2 = rows_per_thread.bit_length() - 1
     slots = (BLOCK_TILE_ROWS // BLOCK_MIN_BM) * tile_cols  # blocks a tile can hold (bm = 16, bk = 1)
-    scale_of, _, write_scale = _scale_macros(T, fmt)
+    scale_macros = _scale_macros(T, fmt)
     num_rows, hidden, width, n_xw, n_dw, n_s32, n_s8 = T.dynamic("num_rows, hidden, width, n_xw, n_dw, n_s32, n_s8")
 
     load_rows, amax_of_rows = _tile_load_macros(T, bf16, wpc, rows_per_thread, num_rows, hidden)
-    publish_amax, scales_of_tile, chunk_scales = _tile_scale_macros(
-        T, bf16, threads, tile_cols, tile_cols_log2, tile_rows_log2, rows_log2, slots, scale_of, write_scale,
-        num_rows, hidden)
-    store_rows = _tile_store_macros(T, fmt, bf16, rows_per_thread, dpc, num_rows, hidden)
+    publish_amax, scales_of_tile, given_scales_of_tile, chunk_scales = _tile_scale_macros(
+        T, bf16, threads, tile_cols, tile_cols_log2, tile_rows_log2, rows_log2, slots, scale_macros, num_rows, hidden)
+    store_rows = _tile_store_macros(T, fmt, bf16, rows_per_thread, dpc, num_rows, hidden, precomputed != 0)
 
     @T.prim_func
     def block_cast(
@@ -339,6 +382,7 @@ def build_block_cast(config: BlockConfig):
         sf_mode: T.int32,
         round_sf: T.int32,
         clamp_min: T.float32,
+        with_data: T.int32,
     ):
         T.annotate_pass_configs(PASS_CONFIGS)
         with T.Kernel(T.ceildiv(num_rows, BLOCK_TILE_ROWS) * col_tiles, threads=threads, prelude=PRELUDE) as cta:
@@ -363,14 +407,19 @@ def build_block_cast(config: BlockConfig):
             row0 = tile_row * BLOCK_TILE_ROWS + group * rows_per_thread
             col0 = tile_col * tile_cols + lane * CHUNK
             load_rows(x, xw, words, vec, row0, col0)
-            amax_of_rows(words, cam)
-            publish_amax(red, cam, col_amax, bk_log2, group, lane)
+            if precomputed != 0:
+                given_scales_of_tile(sst, sf32, sf8, tile_row, tile_col, tx, bm_log2, bk_log2, block_row0, s0, s1,
+                                     sf_mode, st1, ue1)
+            else:
+                amax_of_rows(words, cam)
+                publish_amax(red, cam, col_amax, bk_log2, group, lane)
+                T.sync_threads()
+                scales_of_tile(red, sst, sf32, sf8, tile_row, tile_col, tx, bm_log2, bk_log2, block_row0, s0, s1,
+                               sf_mode, round_sf, _bits(T, clamp_min), amax, st1, ue1)
             T.sync_threads()
-            scales_of_tile(red, sst, sf32, sf8, tile_row, tile_col, tx, bm_log2, bk_log2, block_row0, s0, s1, sf_mode,
-                           round_sf, _bits(T, clamp_min), amax, st1, ue1)
-            T.sync_threads()
-            chunk_scales(sst, stv, st, bm_log2, bk_log2, group, lane)
-            store_rows(data, dw, words, st, q, out, vec, row0, col0)
+            if with_data != 0:
+                chunk_scales(sst, stv, st, bm_log2, bk_log2, group, lane)
+                store_rows(data, dw, words, st, q, out, vec, row0, col0)
 
     return block_cast
 
@@ -390,16 +439,17 @@ def _block_vectors(x: torch.Tensor) -> bool:
     return hidden % CHUNK == 0 and hidden * BLOCK_TILE_ROWS <= BLOCK_MAX_ELEMENTS_PER_LAUNCH
 
 
-def _launch_blocks(x: torch.Tensor, data: torch.Tensor, sf: torch.Tensor, fmt: str, bm: int, bk: int,
-                   round_sf: bool, clamp_min: float) -> None:
+def _launch_blocks(x: torch.Tensor, data: torch.Tensor | None, sf: torch.Tensor, fmt: str, bm: int, bk: int,
+                   round_sf: bool, clamp_min: float, precomputed: bool = False) -> None:
     """block_cast over x (T, H) in blocks of bm x bk (bk in {1, 32, 128}), in pieces of whole tile rows.
 
-    A piece is at most MAX_BLOCKS_PER_LAUNCH CTAs, and on the vector path at most
+    data None: sf only (nothing but the sf written).  precomputed: sf is the given sf, read.  A piece
+    is at most MAX_BLOCKS_PER_LAUNCH CTAs, and on the vector path at most
     BLOCK_MAX_ELEMENTS_PER_LAUNCH elements (its flat int32 views have int32 sizes).
     """
     device = x.device
     num_rows, hidden = x.shape
-    config = block_config(IN_DTYPES[x.dtype], fmt)
+    config = block_config(IN_DTYPES[x.dtype], fmt, precomputed)
     _, _, tile_cols = block_geometry(config)
     kernel = _tilelang.kernel_for(BLOCK_CAST, config, device)
     args = _sf_args(sf)
@@ -410,16 +460,39 @@ def _launch_blocks(x: torch.Tensor, data: torch.Tensor, sf: torch.Tensor, fmt: s
         x = _tilelang.aligned(x, VECTOR_BYTES)  # data is a fresh allocation: aligned
         tiles_per_launch = min(tiles_per_launch, BLOCK_MAX_ELEMENTS_PER_LAUNCH // (hidden * BLOCK_TILE_ROWS))
     raw = x.view(torch.int16) if x.dtype == torch.bfloat16 else x.view(torch.int32)
-    data8 = data.view(torch.uint8)
+    with_data = data is not None
+    # sf only: a one-column stand-in of x's rows for the data argument (the kernel stores nothing)
+    data8 = data.view(torch.uint8) if with_data else torch.empty((num_rows, 1), dtype=torch.uint8, device=device)
     no_words = _tilelang.placeholder(torch.int32, device)
     rows_per_launch = tiles_per_launch * BLOCK_TILE_ROWS  # a multiple of bm: blocks stay whole
     with _tilelang.device_guard(device):
         for r0 in range(0, num_rows, rows_per_launch):
             r1 = min(num_rows, r0 + rows_per_launch)
             xw = _words(x[r0:r1]) if vec else no_words
-            dw = _words(data[r0:r1]) if vec else no_words
+            dw = _words(data[r0:r1]) if vec and with_data else no_words
             kernel(raw[r0:r1], data8[r0:r1], xw, dw, args.flat_f32, args.flat_u8, int(vec), bm.bit_length() - 1,
-                   bk.bit_length() - 1, col_tiles, r0 // bm, args.s0, args.s1, args.mode, int(round_sf), clamp_min)
+                   bk.bit_length() - 1, col_tiles, r0 // bm, args.s0, args.s1, args.mode, int(round_sf), clamp_min,
+                   int(with_data))
+
+
+def _check_kernel_x(x: torch.Tensor) -> None:
+    """What the kernel adds to the eager checks: dense rows, CUDA, int32 dimensions."""
+    check_dense_rows("x", x)
+    _tilelang.require_cuda("x", x)
+    _tilelang.check_dims_fit_int32("x", x)
+
+
+def _per_block(x: torch.Tensor, fmt: str, block: tuple[int, int], round_sf: bool, use_ue8m0: bool,
+               use_packed_ue8m0: bool, col_major: bool, clamp_min: float,
+               with_data: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(data or None, sf) of a checked x in bm x bk blocks."""
+    num_rows, hidden = x.shape
+    bm, bk = block
+    sf = _new_sf(-(-num_rows // bm), hidden // bk, use_ue8m0, use_packed_ue8m0, col_major, x.device)
+    data = _new_data(num_rows, hidden, fmt, x.device) if with_data else None
+    if num_rows:
+        _launch_blocks(x, data, sf, fmt, bm, bk, round_sf, clamp_min)
+    return data, sf
 
 
 def per_block_cast(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | list[int] = (128, 128), *,
@@ -427,18 +500,36 @@ def per_block_cast(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | 
                    use_tma_aligned_col_major_sf: bool = False,
                    clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(data, sf) of x (T, H) quantised in 2-D blocks of bm x bk (sf (ceil(T/bm), H/bk))."""
-    fmt, (bm, bk), cm = eager._check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0,
-                                                    use_tma_aligned_col_major_sf, clamp_min)
-    check_dense_rows("x", x)
-    _tilelang.require_cuda("x", x)
-    _tilelang.check_dims_fit_int32("x", x)
+    fmt, block, cm = eager._check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0,
+                                                 use_tma_aligned_col_major_sf, clamp_min)
+    _check_kernel_x(x)
+    return _per_block(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm, True)
+
+
+def per_block_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | list[int] = (128, 128),
+                                *, round_sf: bool = False, use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
+                                use_tma_aligned_col_major_sf: bool = False,
+                                clamp_min: float | None = None) -> torch.Tensor:
+    """The sf per_block_cast would return, without the data (x is read once, nothing else written)."""
+    fmt, block, cm = eager._check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0,
+                                                 use_tma_aligned_col_major_sf, clamp_min)
+    _check_kernel_x(x)
+    return _per_block(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm,
+                      False)[1]
+
+
+def per_block_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3",
+                                       block: tuple[int, int] | list[int] = (128, 128)) -> torch.Tensor:
+    """The data of x (T, H) quantised in bm x bk blocks with a given sf (ceil(T/bm), H/bk) of any storage
+    (fp32, ue8m0 bytes, packed ue8m0) and strides."""
+    fmt, (bm, bk) = eager._check_block_precomputed_args(x, sf, fmt, block)
+    _check_kernel_x(x)
+    _tilelang.check_dims_fit_int32("sf", sf)
     num_rows, hidden = x.shape
-    sf = _new_sf(-(-num_rows // bm), hidden // bk, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
-                 x.device)
     data = _new_data(num_rows, hidden, fmt, x.device)
     if num_rows:
-        _launch_blocks(x, data, sf, fmt, bm, bk, round_sf, cm)
-    return data, sf
+        _launch_blocks(x, data, sf, fmt, bm, bk, False, 1.0, precomputed=True)
+    return data
 
 
 def per_channel_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_tokens: int = 128, *, round_sf: bool = False,
@@ -448,9 +539,7 @@ def per_channel_cast(x: torch.Tensor, fmt: str = "e4m3", num_per_tokens: int = 1
     """(data, sf) of x (T, H) quantised in blocks of num_per_tokens x 1 (sf (ceil(T/npt), H))."""
     fmt, n, cm = eager._check_per_channel_args(x, fmt, num_per_tokens, round_sf, use_ue8m0, use_packed_ue8m0,
                                                use_tma_aligned_col_major_sf, clamp_min)
-    check_dense_rows("x", x)
-    _tilelang.require_cuda("x", x)
-    _tilelang.check_dims_fit_int32("x", x)
+    _check_kernel_x(x)
     num_rows, hidden = x.shape
     sf = _new_sf(-(-num_rows // n), hidden, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, x.device)
     data = _new_data(num_rows, hidden, fmt, x.device)

@@ -17,6 +17,8 @@ Signatures
     per_token_cast_with_sf_only(x, fmt="e4m3", num_per_channels=128, *, SF_OPTIONS) -> sf
     per_token_cast_with_precomputed_sf(x, sf, fmt="e4m3", num_per_channels=128) -> data
     per_block_cast(x, fmt="e4m3", block=(128, 128), *, SF_OPTIONS) -> (data, sf)
+    per_block_cast_with_sf_only(x, fmt="e4m3", block=(128, 128), *, SF_OPTIONS) -> sf
+    per_block_cast_with_precomputed_sf(x, sf, fmt="e4m3", block=(128, 128)) -> data
     per_channel_cast(x, fmt="e4m3", num_per_tokens=128, *, SF_OPTIONS) -> (data, sf)
     cast_back(data, sf, fmt="e4m3", block=(1, 128), out_dtype=torch.bfloat16) -> out
     swiglu_forward_and_per_token_cast(x, fmt="e4m3", num_per_channels=128, *,
@@ -54,7 +56,8 @@ Options supported, and rejected with a ValueError naming the argument
   e5m6 needs num_per_channels == H (one block per row) and H % 8 == 0; e2m1
   needs an even H.  e5m6 is per-token only (per_block_cast and
   per_channel_cast reject it).
-* per_block_cast: block in {(128, 128), (32, 32)}, H % bk == 0.
+* per_block_cast (and its sf-only and precomputed-sf variants): block in {(128, 128), (32, 32)},
+  H % bk == 0.
 * per_channel_cast: num_per_tokens in {16, 32, 64, 128}.
 * cast_back: block one of the geometries above.
 * use_ue8m0 needs round_sf; use_packed_ue8m0 needs use_ue8m0.
@@ -451,24 +454,35 @@ def per_token_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", num_per_chan
     return _store_sf(sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf)
 
 
+def _check_given_sf(x: torch.Tensor, sf: object, block: tuple[int, int]) -> None:
+    """A precomputed sf for x cut into `block`: on x's device, of the logical shape (ceil(T/bm), H/bk)."""
+    if isinstance(sf, torch.Tensor):
+        _check_same_device(x, sf=sf)
+    bm, bk = block
+    _check_sf_input(sf, -(-x.shape[0] // bm), x.shape[1] // bk)
+
+
 def _check_precomputed_args(x: object, sf: object, fmt: object, num_per_channels: object) -> tuple[str, int]:
     x = _check_x(x)
     fmt = _check_fmt(fmt)
     _check_row_format(fmt, x.shape[1])
     n = _check_num_per_channels(fmt, num_per_channels, x.shape[1])
-    if isinstance(sf, torch.Tensor):
-        _check_same_device(x, sf=sf)
-    _check_sf_input(sf, x.shape[0], x.shape[1] // n)
+    _check_given_sf(x, sf, (1, n))
     return fmt, n
+
+
+def _cast_with_given_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str, block: tuple[int, int]) -> torch.Tensor:
+    """The data of x quantised in `block`-shaped blocks with a checked sf of any storage and layout."""
+    values = _sf_values(sf, x.shape[1] // block[1])
+    y = x.float()
+    return _quantise(y, _to_elements(values, y.shape, block), fmt)
 
 
 def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3",
                                        num_per_channels: int = 128) -> torch.Tensor:
     """The data of x (T, H) quantised with a given sf (T, H / num_per_channels) of any storage and layout."""
     fmt, n = _check_precomputed_args(x, sf, fmt, num_per_channels)
-    values = _sf_values(sf, x.shape[1] // n)
-    y = x.float()
-    return _quantise(y, _to_elements(values, y.shape, (1, n)), fmt)
+    return _cast_with_given_sf(x, sf, fmt, (1, n))
 
 
 def _check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
@@ -490,6 +504,35 @@ def per_block_cast(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | 
     fmt, (bm, bk), cm = _check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0,
                                               use_tma_aligned_col_major_sf, clamp_min)
     return _cast(x.float(), fmt, (bm, bk), round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm)
+
+
+def per_block_cast_with_sf_only(x: torch.Tensor, fmt: str = "e4m3", block: tuple[int, int] | list[int] = (128, 128),
+                                *, round_sf: bool = False, use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
+                                use_tma_aligned_col_major_sf: bool = False,
+                                clamp_min: float | None = None) -> torch.Tensor:
+    """The sf per_block_cast would return, without the data."""
+    fmt, block, cm = _check_per_block_args(x, fmt, block, round_sf, use_ue8m0, use_packed_ue8m0,
+                                           use_tma_aligned_col_major_sf, clamp_min)
+    return _store_sf(_scales(x.float(), fmt, block, round_sf, cm), use_ue8m0, use_packed_ue8m0,
+                     use_tma_aligned_col_major_sf)
+
+
+def _check_block_precomputed_args(x: object, sf: object, fmt: object, block: object) -> tuple[str, tuple[int, int]]:
+    x = _check_x(x)
+    fmt = _check_fmt(fmt, ("e4m3", "e2m1"), " (e5m6 is per-token only)")
+    bm, bk = _check_block(block, PER_BLOCK_SIZES)
+    if x.shape[1] % bk:
+        raise ValueError(f"block: bk={bk} must divide H={x.shape[1]}")
+    _check_given_sf(x, sf, (bm, bk))
+    return fmt, (bm, bk)
+
+
+def per_block_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: str = "e4m3",
+                                       block: tuple[int, int] | list[int] = (128, 128)) -> torch.Tensor:
+    """The data of x (T, H) quantised in bm x bk blocks with a given sf (ceil(T/bm), H/bk) of any storage and
+    layout."""
+    fmt, block = _check_block_precomputed_args(x, sf, fmt, block)
+    return _cast_with_given_sf(x, sf, fmt, block)
 
 
 def _check_per_channel_args(x, fmt, num_per_tokens, round_sf, use_ue8m0, use_packed_ue8m0,

@@ -23,9 +23,13 @@ at that midpoint, where rounding without saturation would leave the format:
 * quant.cast_back: ``dtype_max:data``, ``empty``, ``nan:data``, ``nan:sf``, ``nan_payload:data``,
   ``neg_zero:data``, ``non_pow2``, ``pos_inf:sf``, ``signed_zero_tie:data``, ``single_row``,
   ``subnormal:data``, ``subnormal:sf``.
-* quant.per_block_cast: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,
-  ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``, ``saturation_edge:x``, ``signed_zero_tie:x``, ``single_row``,
-  ``subnormal:x``.
+* quant.per_block_cast, quant.per_block_cast_with_sf_only: ``dtype_max:x``, ``empty``, ``nan:x``,
+  ``nan_payload:x``, ``neg_inf:x``, ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``, ``saturation_edge:x``,
+  ``signed_zero_tie:x``, ``single_row``, ``subnormal:x``.
+* quant.per_block_cast_with_precomputed_sf: ``dtype_max:x``, ``nan:sf``, ``nan:x``, ``nan_payload:x``,
+  ``neg_zero:x``, ``non_pow2``, ``pos_inf:sf``, ``pos_inf:x``, ``saturation_edge:x``,
+  ``saturation_midpoint:x``, ``signed_zero_tie:x``, ``single_row``, ``subnormal:sf``, ``subnormal:x``,
+  ``zero_row:sf``.
 * quant.per_channel_cast: ``dtype_max:x``, ``empty``, ``nan:x``, ``nan_payload:x``, ``neg_inf:x``,
   ``neg_zero:x``, ``non_pow2``, ``pos_inf:x``, ``saturation_edge:x``, ``signed_zero_tie:x``, ``single_row``,
   ``subnormal:x``.
@@ -51,6 +55,7 @@ import torch
 
 import references.quant as ref
 import strategies.quant
+import strategies.quant_block
 from strategies.layouts import LAYOUTS
 from tkverify.registry import OpSpec, register, tilelang_impl, torch_impl
 from tkverify.specs.quant_bench import BENCH
@@ -60,8 +65,11 @@ from tkverify.specs.quant_judge import (
     given_cast,
     given_cast_back,
     given_precomputed,
+    given_precomputed_of,
     given_sf_only,
+    given_sf_only_of,
     given_swiglu,
+    two_d_block,
 )
 
 
@@ -110,8 +118,9 @@ _SF_POLICY = Decided(
 
 # The casts' eager implementations take x at any row stride (and a slice of a batch of tokens); so do
 # the per-token casts' and swiglu's TileLang wrappers (the token_cast kernel takes the row stride as an
-# argument), drawn in the same layouts.  per_block_cast and per_channel_cast's kernel reads dense rows
-# (kernels.torch._checks.check_dense_rows): drawn contiguous.
+# argument), drawn in the same layouts.  The block_cast kernel (per_block_cast, its sf-only and
+# precomputed-sf variants, per_channel_cast) reads dense rows (kernels.torch._checks.check_dense_rows), as
+# tile-kernels' per-block and per-channel casts do (both releases assert a contiguous x): drawn contiguous.
 X_LAYOUTS = {"x": LAYOUTS}
 
 
@@ -166,6 +175,28 @@ register(OpSpec(
     impls=_impls("per_block_cast", torch_layouts=X_LAYOUTS),
     given=given_cast(lambda p: tuple(p.get("block", (128, 128)))),
     doc="x (T, H) in bm x bk blocks -> (data, sf (ceil(T/bm), H/bk)).",
+))
+
+register(OpSpec(
+    name="quant.per_block_cast_with_sf_only",
+    bench=BENCH.get("quant.per_block_cast_with_sf_only", ()),
+    oracle=ref.per_block_cast_with_sf_only,
+    strategy=strategies.quant.per_block_cast_cases,
+    outputs={"sf": _SF_POLICY},
+    impls=_impls("per_block_cast_with_sf_only", torch_layouts=X_LAYOUTS),
+    given=given_sf_only_of(two_d_block),
+    doc="The sf of per_block_cast alone.",
+))
+
+register(OpSpec(
+    name="quant.per_block_cast_with_precomputed_sf",
+    bench=BENCH.get("quant.per_block_cast_with_precomputed_sf", ()),
+    oracle=ref.per_block_cast_with_precomputed_sf,
+    strategy=strategies.quant_block.block_precomputed_sf_cases,
+    outputs={"data": _DATA_POLICY},
+    impls=_impls("per_block_cast_with_precomputed_sf", torch_layouts=X_LAYOUTS),
+    given=given_precomputed_of(two_d_block),
+    doc="The data of x quantised in bm x bk blocks with a given sf (fp32, ue8m0 or packed ue8m0).",
 ))
 
 register(OpSpec(

@@ -76,6 +76,20 @@ def swiglu_routed_shape(device):
     return inputs, dict(params, clamp=7.0)
 
 
+def _block_sf_only_bytes(i, p):
+    """x read and an fp32 sf of (T/128) x (H/128) written."""
+    t, h = i["x"].shape
+    return benchshapes.nbytes(i["x"]) + -(-t // 128) * (h // 128) * 4
+
+
+def _block_precomputed_shape(device):
+    """x and a given fp32 sf of 128 x 128 blocks (positive, of a realistic size: x is randn)."""
+    inputs, params = _x_shape({"fmt": "e4m3", "block": [128, 128]})(device)
+    g = benchshapes.generator(device, 5)
+    inputs["sf"] = torch.rand(-(-TOKENS // 128), HIDDEN // 128, device=device, generator=g) / 64 + 2.0**-9
+    return inputs, params
+
+
 def _per_token(h, p):
     return h // p["num_per_channels"]
 
@@ -100,6 +114,13 @@ BENCH = {
     "quant.per_block_cast": (
         BenchShape(f"{_X} e4m3 128x128", _x_shape({"fmt": "e4m3", "block": [128, 128]}),
                    _cast_bytes(lambda t, p: -(-t // 128), lambda h, p: h // 128)),
+    ),
+    "quant.per_block_cast_with_sf_only": (
+        BenchShape(f"{_X} e4m3 128x128", _x_shape({"fmt": "e4m3", "block": [128, 128]}), _block_sf_only_bytes),
+    ),
+    "quant.per_block_cast_with_precomputed_sf": (
+        BenchShape(f"{_X} e4m3 128x128", _block_precomputed_shape,
+                   lambda i, p: benchshapes.nbytes(i["x"]) + benchshapes.nbytes(i["sf"]) + i["x"].numel()),
     ),
     "quant.per_channel_cast": (
         BenchShape(f"{_X} e4m3 128x1", _x_shape({"fmt": "e4m3", "num_per_tokens": 128}),

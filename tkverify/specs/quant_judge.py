@@ -222,16 +222,34 @@ def given_cast(block_of: Callable[[dict[str, Any]], tuple[int, int]]):
     return given
 
 
-def given_sf_only(case, actual: dict[str, Any]) -> dict[str, Judgement]:
-    cast = _cast_of(case, (1, case.params.get("num_per_channels", 128)))
-    return {"sf": cast.judge_sf(actual["sf"])[0]}
+def given_sf_only_of(block_of: Callable[[dict[str, Any]], tuple[int, int]]):
+    """The given hook of a cast's sf-only variant, whose blocks `block_of(params)` gives: its sf."""
+    def given(case, actual: dict[str, Any]) -> dict[str, Judgement]:
+        return {"sf": _cast_of(case, block_of(case.params)).judge_sf(actual["sf"])[0]}
+    return given
 
 
-def given_precomputed(case, actual: dict[str, Any]) -> dict[str, Judgement]:
-    params = case.params
-    cast = Cast(ref.as_float64(case.inputs["x"]), params.get("fmt", "e4m3"), (1, params.get("num_per_channels", 128)))
-    given_sf = ref.sf_logical_values(case.inputs["sf"], cast.grid[1])
-    return {"data": cast.judge_data(actual["data"], given_sf)}
+def given_precomputed_of(block_of: Callable[[dict[str, Any]], tuple[int, int]]):
+    """The given hook of a cast with a precomputed sf, whose blocks `block_of(params)` gives: its data, judged
+    given the sf the case passes."""
+    def given(case, actual: dict[str, Any]) -> dict[str, Judgement]:
+        params = case.params
+        cast = Cast(ref.as_float64(case.inputs["x"]), params.get("fmt", "e4m3"), block_of(params))
+        given_sf = ref.sf_logical_values(case.inputs["sf"], cast.grid[1])
+        return {"data": cast.judge_data(actual["data"], given_sf)}
+    return given
+
+
+def token_block(params: dict[str, Any]) -> tuple[int, int]:
+    return 1, params.get("num_per_channels", 128)
+
+
+def two_d_block(params: dict[str, Any]) -> tuple[int, int]:
+    return tuple(params.get("block", (128, 128)))
+
+
+given_sf_only = given_sf_only_of(token_block)
+given_precomputed = given_precomputed_of(token_block)
 
 
 def given_cast_back(case, actual: dict[str, Any]) -> dict[str, Judgement]:
