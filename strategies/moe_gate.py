@@ -1,0 +1,165 @@
+"""Strategies for moe.topk_gate_scored, the sqrt-softplus scored top-k gate (docs/contract/moe_gate.md).
+
+``topk_gate_scored_cases`` draws the logits as moe.topk_gate's strategy draws a score matrix
+(`strategies.moe.gate.build_scores`: a base distribution, ties and near ties at the k-th place, subnormals,
+signed zeros, infinities, NaNs, pinned special values), then lays the scored gate's own logit features over
+it, each on the first, the last, some or all rows:
+
+* ``saturated_high``: logits of 20 .. 2^127, where softplus(x) is x to the last bit and the score sqrt(x);
+* ``saturated_low``: logits of -80 .. -2^127, where e^x leaves the float32 normal range (-87.3) or
+  underflows entirely (-103.3): scores that are tiny, subnormal-born or exactly 0, so that a float32 kernel
+  ties them at 0 where the exact scores still differ;
+* ``equal_logits``: two experts of a row given the same logit (equal scores: the lower index wins).
+
+and draws the bias from ``BIASES``:
+
+* ``zero``: no bias (the keys are the scores);
+* ``small``: normal values of scale 0.1, as a load-balancing bias is;
+* ``bias_tie``: 2^23 .. 2^26 on some experts (0 on the others), which rounds the float32 sum score + bias
+  of nearby scores onto one value: ties that the bias makes;
+* ``masked_experts`` (first: the kind the smallest examples keep; the other experts' bias is 0): -inf on
+  some experts, at least one: an expert that can only be chosen past every other one, and
+  whose key is NaN (chosen first) where its logit is +inf;
+* ``equalising``: bias[b] = u[a] - u[b] rounded, for two experts of the first row, which makes their keys
+  equal there or one float32 ULP apart.
+
+routed_scaling_factor comes from ``SCALINGS``; E from moe.topk_gate's expert counts, k from its values
+(<= E) and k = E.  The classes beyond every float input's value classes are computed from the case's
+tensors by `gate_classes` (``nan_key``, a +inf logit on a masked expert, is tagged where drawn but too rare
+to promise under the ci profile).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+import references.moe_gate as ref
+from strategies import seeds, torch_copy
+from strategies.classes import tagging
+from strategies.moe.gate import EXPERT_COUNTS, FEATURES, ROW_SPREADS, TOPK_VALUES, BASES, _pinned_values, \
+    build_scores, plant_features, token_counts
+from tkverify.case import Case
+
+MAX_K = 32
+SCALINGS = (1.0, 2.5, 0.75)
+BIASES = ("masked_experts", "zero", "bias_tie", "small", "equalising")
+_BIAS_EXPONENTS = (23, 24, 25, 26)
+# softplus(x) rounds to x in float32 above this (log1p(e^-x) < 2^-28 x), and e^x leaves the float32 normal
+# range below -87.3 and underflows below -103.3.
+SATURATION_HIGH = 20.0
+SATURATION_LOW = -80.0
+EXP_UNDERFLOW = float(np.log(np.float64(2.0) ** -126))  # e^x below the float32 normal range
+
+
+# -- logit features: rng, rows (R, E) float32 changed in place, k -> None --------------------------------
+
+
+def _saturated_high(rng: np.random.Generator, rows: np.ndarray, k: int) -> None:
+    mask = rng.random(rows.shape) < 0.5
+    values = np.float32(2.0) ** rng.uniform(np.log2(SATURATION_HIGH), 127, size=rows.shape).astype(np.float32)
+    rows[mask] = values[mask]
+
+
+def _saturated_low(rng: np.random.Generator, rows: np.ndarray, k: int) -> None:
+    mask = rng.random(rows.shape) < 0.5
+    values = -(np.float32(2.0) ** rng.uniform(np.log2(-SATURATION_LOW), 8, size=rows.shape).astype(np.float32))
+    values[rng.random(rows.shape) < 0.1] = -np.float32(2.0) ** 127
+    rows[mask] = values[mask]
+
+
+def _equal_logits(rng: np.random.Generator, rows: np.ndarray, k: int) -> None:
+    if rows.shape[1] < 2:
+        return
+    a, b = rng.choice(rows.shape[1], size=2, replace=False)
+    rows[:, b] = rows[:, a]
+
+
+LOGIT_FEATURES = {"saturated_high": _saturated_high, "saturated_low": _saturated_low, "equal_logits": _equal_logits}
+
+
+def build_bias(seed: int, kind: str, logits: np.ndarray) -> np.ndarray:
+    """The (E,) float32 bias of a drawn kind (deterministic in its arguments)."""
+    num_experts = logits.shape[1]
+    rng = np.random.default_rng([seed, 100])
+    bias = np.zeros(num_experts, dtype=np.float32)
+    if kind == "small":
+        bias = (0.1 * rng.standard_normal(num_experts)).astype(np.float32)
+    elif kind == "bias_tie":
+        bias = (np.float32(2.0) ** rng.choice(_BIAS_EXPONENTS, size=num_experts)).astype(np.float32)
+        bias[rng.random(num_experts) < 0.25] = 0
+    elif kind == "masked_experts":
+        bias[rng.random(num_experts) < 0.3] = -np.inf
+        bias[rng.integers(num_experts)] = -np.inf  # at least one
+    elif kind == "equalising" and num_experts >= 2 and logits.shape[0]:
+        a, b = rng.choice(num_experts, size=2, replace=False)
+        with np.errstate(invalid="ignore"):  # a signalling NaN raises the invalid flag as it widens
+            u = ref.sqrt_softplus(logits[0]).astype(np.float32)
+        if np.isfinite(u[a]) and np.isfinite(u[b]):
+            bias[b] = np.float32(u[a]) - np.float32(u[b])
+    return bias
+
+
+def _float32_keys(case: Case) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores = ref.sqrt_softplus(case.inputs["logits"]).astype(np.float32)
+        return scores + case.inputs["bias"].numpy()[None, :]
+
+
+def gate_classes(case: Case) -> set[str]:
+    """The scored gate's own classes, from the case's logits, bias and parameters."""
+    logits, bias, k = case.inputs["logits"].numpy(), case.inputs["bias"].numpy(), case.params["k"]
+    found = {"k_equals_experts"} if k == logits.shape[1] else set()
+    if (bias == -np.inf).any():
+        found.add("masked_expert")
+    if logits.size == 0:
+        return found
+    finite = np.isfinite(logits)
+    if (finite & (logits >= SATURATION_HIGH)).any():
+        found.add("saturated_high")
+    if (finite & (logits < EXP_UNDERFLOW)).any():
+        found.add("score_underflow")
+    keys = _float32_keys(case)
+    # Ties among finite keys (NaNs tie too, but they are their own class): the index decides.
+    sorted_keys = np.sort(np.where(np.isnan(keys), np.inf, keys) + 0.0, axis=1)
+    key_tie = (sorted_keys[:, 1:] == sorted_keys[:, :-1]) & np.isfinite(sorted_keys[:, 1:])
+    if key_tie.any():
+        found.add("key_tie")
+        with np.errstate(invalid="ignore"):
+            scores32 = ref.sqrt_softplus(logits).astype(np.float32)
+        sorted_scores = np.sort(np.where(np.isnan(scores32), np.inf, scores32), axis=1)
+        if not ((sorted_scores[:, 1:] == sorted_scores[:, :-1]) & np.isfinite(sorted_scores[:, 1:])).any():
+            found.add("bias_made_tie")
+    if (np.isnan(keys) & ~np.isnan(logits)).any():
+        found.add("nan_key")
+    return found
+
+
+@st.composite
+def topk_gate_scored_cases(draw) -> Case:
+    """Cases of ``topk_gate_scored(logits f32 (T, E), bias f32 (E,), k, routed_scaling_factor)``."""
+    num_experts = draw(st.sampled_from(EXPERT_COUNTS))
+    k = draw(st.sampled_from(sorted({v for v in TOPK_VALUES if v <= num_experts} | {min(num_experts, MAX_K)})))
+    num_tokens = draw(token_counts())
+    base = draw(st.sampled_from(tuple(BASES)))
+    features = draw(st.dictionaries(st.sampled_from(tuple(FEATURES)), st.sampled_from(ROW_SPREADS), max_size=3))
+    logit_features = draw(st.dictionaries(st.sampled_from(tuple(LOGIT_FEATURES)), st.sampled_from(ROW_SPREADS),
+                                          max_size=2))
+    pinned = draw(_pinned_values(num_tokens, num_experts))
+    bias_kind = draw(st.sampled_from(BIASES))
+    scaling = draw(st.sampled_from(SCALINGS))
+    seed = draw(seeds())
+    logits = build_scores(seed, num_tokens, num_experts, k, base, features, pinned)
+    # The streams after the gate's own features (they use 1 .. len(FEATURES)).
+    plant_features(logits, seed, logit_features, LOGIT_FEATURES, 1 + len(FEATURES), k)
+    bias = build_bias(seed, bias_kind, logits)
+    return Case(params={"k": k, "routed_scaling_factor": scaling},
+                inputs={"logits": torch_copy(logits), "bias": torch_copy(bias)})
+
+
+topk_gate_scored_cases = tagging("logits", (
+    "empty", "non_pow2", "nan:logits", "pos_inf:logits", "neg_inf:logits", "k_equals_experts", "masked_expert",
+    "saturated_high", "score_underflow", "key_tie", "bias_made_tie",
+), gate_classes)(topk_gate_scored_cases)
+
