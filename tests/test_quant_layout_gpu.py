@@ -1,0 +1,65 @@
+"""The quantisation layout ops' TileLang implementations on a GPU against the oracles, through the specs'
+judges (skipped without CUDA): the lossless kernel on every configuration and the strategy's edges, the
+transposed per-channel cast (a composition of our cast and transpose kernels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+import strategies.quant_layout as strat
+from kernels.quant.lossless import LOSSLESS_CONFIGS
+from tkverify import registry
+from tkverify.case import Case
+from tkverify.check import check_case
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+LOSSLESS = registry.get("quant.per_block_cast_lossless")
+TRANSPOSE = registry.get("quant.per_channel_cast_and_transpose")
+checks = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+
+
+def _judge(spec, case: Case) -> None:
+    for comparison in check_case(spec, spec.impls["tilelang"], case, case_dir=None):
+        assert comparison.passed, comparison.message
+
+
+@checks
+@given(case=strat.per_block_cast_lossless_cases())
+def test_lossless_kernel_against_the_oracle(case: Case):
+    _judge(LOSSLESS, case)
+
+
+@pytest.mark.parametrize("config", LOSSLESS_CONFIGS, ids=str)
+@pytest.mark.parametrize("num_rows", [1, 129, 1000])
+def test_lossless_kernel_every_configuration(config, num_rows):
+    g = torch.Generator().manual_seed(num_rows)
+    hidden = 384 if config.out_cols == 128 else 96
+    x = torch.randint(-128, 128, (num_rows, hidden // 2), dtype=torch.int8, generator=g)
+    exponents = torch.randint(-14, 1, (num_rows, hidden // config.in_cols), generator=g)
+    case = Case(params={"x_block_size": (1, config.in_cols), "out_block_size": (config.out_rows, config.out_cols)},
+                inputs={"x": x, "x_sf": torch.pow(2.0, exponents.double()).float()})
+    _judge(LOSSLESS, case)
+
+
+def test_lossless_kernel_refuses_what_the_contract_refuses():
+    from kernels.quant.lossless import per_block_cast_lossless
+
+    x = torch.zeros(1, 16, dtype=torch.int8, device="cuda")
+    with pytest.raises(ValueError, match="x_sf"):
+        per_block_cast_lossless(x, torch.tensor([[1.0, 2.0**-15]], device="cuda"), x_block_size=(1, 16),
+                                out_block_size=(32, 32))
+
+
+@checks
+@given(case=strat.per_channel_cast_and_transpose_cases())
+def test_channel_transpose_against_the_oracle(case: Case):
+    _judge(TRANSPOSE, case)
+
+
+@checks
+@given(case=strat.per_channel_cast_fused_cases())
+def test_channel_fused_against_the_oracle(case: Case):
+    _judge(registry.get("quant.per_channel_cast_fused"), case)
