@@ -50,8 +50,10 @@ from tkverify import registry
 # SwiGLU ones in tests/bad_inputs_quant.py.
 from bad_inputs import (CLAMP_MIN_BAD, FMT_BAD, NON_FINITE_OR_NOT_POSITIVE, OPTION_COMBINATIONS, SF_OPTIONS, SWIGLU_POS,
                         SWIGLU_ROUTING_BAD, Bad, Table, _gen, _put, _set, _with, _x)
-from bad_inputs_mhc import MHC, MHC_FUSED, MHC_HEAD
-from bad_inputs_quant import QUANT_NORM, QUANT_SWIGLU
+from bad_inputs_mhc import MHC, MHC_BIG_FUSE, MHC_FUSED, MHC_HEAD
+from bad_inputs_moe import MOE_GATE
+from bad_inputs_moe_tp import MOE_TP
+from bad_inputs_quant import QUANT_BLOCK, QUANT_CASTBACK, QUANT_LAYOUT, QUANT_NORM, QUANT_SWIGLU
 
 
 # -- moe ---------------------------------------------------------------------------------------------
@@ -348,11 +350,17 @@ ENGRAM = {
 TABLES: dict[str, Table] = {f"{family}.{name}": table for family, tables in
                             (("moe", MOE), ("moe_groups", MOE_GROUPS), ("quant", QUANT), ("quant_swiglu", QUANT_SWIGLU),
                              ("quant_norm", QUANT_NORM), ("transpose", TRANSPOSE),
-                             ("engram", ENGRAM), ("mhc", MHC), ("mhc_head", MHC_HEAD), ("mhc_fused", MHC_FUSED))
+                             ("engram", ENGRAM), ("mhc", MHC), ("mhc_head", MHC_HEAD), ("mhc_fused", MHC_FUSED),
+                             ("mhc_big_fuse", MHC_BIG_FUSE), ("quant", QUANT_BLOCK), ("quant_castback", QUANT_CASTBACK),
+                             ("moe_gate", MOE_GATE), ("quant_layout", QUANT_LAYOUT), ("moe_tp", MOE_TP))
                             for name, table in tables.items()}
 
 # Public callables of the kernels modules that take no user tensors: not entry points of an op.
 NOT_ENTRY_POINTS = {
+    "quant_castback.check_unpack_args": "unpack_from_e2m1fn_x2's argument check (its table exercises it)",
+    "quant_castback.round_trip": "per_token_cast then cast_back for a pair of implementations (each checks its "
+                                 "arguments; per_token_cast_and_cast_back's table calls it)",
+    "quant_castback.unpack_rows": "cast_back of packed e2m1 codes for a cast_back (unpack_from_e2m1fn_x2's table)",
     "moe.config_for_experts": "picks a TileLang static configuration from E (checked by topk_gate)",
     "moe.expand_rows_config": "the row kernel's configuration (a tuning override or the shipped one)",
     "moe.default_chunk_batches": "a chunk size from the pair count",

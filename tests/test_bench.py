@@ -27,7 +27,7 @@ def test_select_by_substrings_and_backward_shapes():
     assert {e.op for e in every} >= {"moe.topk_gate", "moe.expand_to_fused", "quant.per_token_cast",
                                      "transpose.transpose"}
     chosen = bench.select(specs, "topk_gate, swiglu_forward_and_per_token")
-    assert {e.op for e in chosen} == {"moe.topk_gate", "quant.swiglu_forward_and_per_token_cast"}
+    assert {e.op for e in chosen} == {"moe.topk_gate", "moe.topk_gate_scored", "quant.swiglu_forward_and_per_token_cast"}
     assert bench.select(specs, "no-such-op") == []
     shape = registry.BenchShape("b", lambda d: ({}, {}), lambda i, p: 1)
     fake = registry.OpSpec("fam.op", None, None, {}, {}, bench=(shape,),

@@ -27,6 +27,7 @@ ROW_INPUTS = {
     "quant.per_token_cast": "x", "quant.per_token_cast_with_sf_only": "x",
     "quant.per_token_cast_with_precomputed_sf": "x", "quant.per_block_cast": "x", "quant.per_channel_cast": "x",
     "quant.per_block_cast_with_sf_only": "x", "quant.per_block_cast_with_precomputed_sf": "x",
+    "quant.per_token_cast_and_cast_back": "x",
     "quant.swiglu_forward_and_per_token_cast": "x", "quant.swiglu": "x",
     "quant.swiglu_forward_and_per_channel_cast_and_transpose": "x", "transpose.transpose": "x",
     "transpose.batched_transpose": "x", "moe.topk_gate": "scores",
@@ -35,7 +36,7 @@ ROW_INPUTS = {
 TILELANG_ROW_INPUTS = {op: ROW_INPUTS[op] for op in (
     "quant.per_token_cast", "quant.per_token_cast_with_sf_only", "quant.per_token_cast_with_precomputed_sf",
     "quant.swiglu_forward_and_per_token_cast", "transpose.transpose", "transpose.batched_transpose",
-    "moe.topk_gate")}
+    "moe.topk_gate", "quant.per_token_cast_and_cast_back")}
 QUICK = settings(max_examples=15, derandomize=True, database=None, deadline=None,
                  suppress_health_check=list(HealthCheck))
 

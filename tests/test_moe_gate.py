@@ -1,7 +1,7 @@
 """moe.topk_gate_scored on the CPU: the oracle by hand, its hand-derived backward against autograd and gradcheck,
 the eager implementation (forward and backward) against the oracle through the spec, wrong implementations
-caught, the argument checks, the TileLang wrapper's refusal of CPU tensors, the strategy's classes and the
-tile_kernels mapping."""
+caught, the argument checks, the TileLang wrappers' refusal of CPU tensors (after the argument checks), the
+TileLang backward's 16-byte stores in its lowered source, the strategy's classes and the tile_kernels mapping."""
 
 from __future__ import annotations
 
@@ -217,6 +217,27 @@ def test_backward_refuses_a_wrong_saved_shape():
 def test_tilelang_wrapper_refuses_cpu_tensors():
     with pytest.raises(ValueError, match="logits"):
         tilelang_gate.topk_gate_scored(**GOOD)
+
+
+def test_tilelang_backward_checks_its_arguments_before_the_device():
+    idx, weights, scores = impl.topk_gate_scored(**GOOD)
+    args = {"grad_topk_weights": torch.zeros(3, 2), "logits": GOOD["logits"], "bias": GOOD["bias"], "topk_idx": idx,
+            "topk_weights": weights, "scores": scores, "k": 2, "routed_scaling_factor": 1.0}
+    with pytest.raises(ValueError, match="^scores must have logits' shape"):
+        tilelang_gate.topk_gate_scored_bwd(**{**args, "scores": scores[:2]})
+    with pytest.raises(ValueError, match="^logits must be on a CUDA device"):
+        tilelang_gate.topk_gate_scored_bwd(**args)
+
+
+@pytest.mark.parametrize("vectorized", [True, False])
+def test_tilelang_backward_stores_16_byte_vectors_where_e_allows(tilelang_only, vectorized):
+    """Vectorisation failing is only a warning in tilelang: the E % 4 == 0 configuration must store float4s."""
+    from kernels import _tilelang
+
+    config = tilelang_gate.GateScoredBwdConfig(vectorized)
+    source = _tilelang.lower_to_cuda(tilelang_gate.build_topk_gate_scored_bwd(config))
+    assert ("*(float4*)(grad_logits" in source) == vectorized
+    assert "expm1f(" in source and "__fdiv_rn(" in source
 
 
 # -- the strategy and the adapter -----------------------------------------------------------------

@@ -6,6 +6,12 @@ the weights within gamma_{k+2} of its own scores' weights), and on hand-made cas
 shape (16384 x 256, k = 8), token counts ending in partial thread blocks, E = 1 and E = 1024, k = E, NaN and
 infinite logits, a masked expert, saturated and underflowing logits, T = 0; the eager implementation's
 backward on the kernel's saved outputs against the float64 backward.
+
+The TileLang backward: against the float64 backward through the spec (`gradients.impl_vs_oracle`, its
+forward then its backward) on the strategy's cases and at shapes that take the 16-byte and the one-float
+stores, with partial thread blocks and partial warps of vectors; against the eager backward on the same
+saved outputs (both within the contract's bracket, identical zeros off the selection, with the allocator
+poisoned so that an unwritten element shows); T = 0; repeated and out-of-range picks as documented.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ from hypothesis import HealthCheck, given, settings
 
 from kernels.torch import moe_gate as eager
 from strategies import moe_gate as strat
-from tkverify import registry
+from tkverify import gradients, registry
 from tkverify.case import Case
 from tkverify.check import check_case
+from tkverify.poison import poisoned
 
 SPEC = registry.get("moe.topk_gate_scored")
 gpu_fuzz = settings(max_examples=120, deadline=None, derandomize=True, database=None,
@@ -102,3 +109,72 @@ def gradients_mask(case: Case):
     """Rows outside the judged domain or within the kink margin (the spec's mask at its kink margin)."""
     return SPEC.backward.mask(case, SPEC.backward.kink_margin)["topk_weights"][:, 0]
 
+
+
+# -- the TileLang backward ----------------------------------------------------------------------------------
+
+
+def _assert_backward_passes(case: Case, seed: int) -> None:
+    results = gradients.impl_vs_oracle(SPEC, "tilelang", case, seed=seed)
+    assert results and all(r.passed for r in results), [r.message for r in results if not r.passed]
+
+
+@gpu_fuzz
+@given(case=strat.topk_gate_scored_cases())
+def test_backward_kernel_matches_the_oracle(gate, case):
+    _assert_backward_passes(case, seed=5)
+
+
+@pytest.mark.parametrize("num_tokens, num_experts, k", [
+    (16384, 256, 8), (1, 1, 1), (5, 1024, 32), (33, 100, 9), (129, 33, 33), (4097, 256, 8), (3, 7, 7),
+    (6, 132, 5), (2, 516, 32),
+])
+def test_backward_kernel_at_shapes(gate, num_tokens, num_experts, k):
+    logits, bias = _random(num_tokens, num_experts, seed=num_tokens + num_experts)
+    _assert_backward_passes(_case(logits, bias, k), seed=k)
+
+
+@pytest.mark.parametrize("num_tokens, num_experts, k", [(257, 256, 8), (65, 33, 6), (9, 1024, 32)])
+def test_backward_kernel_against_the_eager_backward(gate, num_tokens, num_experts, k):
+    logits, bias = _random(num_tokens, num_experts, seed=7)
+    case = _case(logits, bias, k)
+    idx, weights, scores = gate.topk_gate_scored(logits.cuda(), bias.cuda(), k, 2.5)
+    rows = ~torch.from_numpy(gradients_mask(case))
+    cot = torch.randn(num_tokens, k, generator=torch.Generator().manual_seed(8)) * rows[:, None]
+    args = (cot.cuda(), logits.cuda(), bias.cuda(), idx, weights, scores, k, 2.5)
+    with poisoned(True):
+        kernel_grad = gate.topk_gate_scored_bwd(*args).cpu()
+    eager_grad = eager.topk_gate_scored_bwd(*args).cpu()
+    selected = torch.zeros(num_tokens, num_experts, dtype=torch.bool).scatter_(1, idx.cpu(), True)
+    assert torch.equal(kernel_grad[~selected], torch.zeros_like(kernel_grad[~selected]))
+    assert torch.equal(eager_grad[~selected], kernel_grad[~selected])
+    exact = SPEC.backward.oracle(grad_topk_weights=cot, **case.inputs, **case.params)
+    bracket = SPEC.backward.given(case, {"topk_weights": cot}, {"grad_logits": exact})["grad_logits"]
+    low, high = torch.from_numpy(bracket.low), torch.from_numpy(bracket.high)
+    for grad in (kernel_grad, eager_grad):
+        assert bool(((grad.double() >= low) & (grad.double() <= high))[rows].all())
+
+
+def test_backward_kernel_on_an_empty_batch(gate):
+    zeros = torch.zeros(0, 8, device="cuda")
+    grad = gate.topk_gate_scored_bwd(zeros, torch.zeros(0, 64, device="cuda"), torch.zeros(64, device="cuda"),
+                                     torch.zeros(0, 8, dtype=torch.int64, device="cuda"), zeros,
+                                     torch.zeros(0, 64, device="cuda"), 8, 1.0)
+    assert grad.shape == (0, 64) and grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("num_experts", [8, 7])
+def test_backward_kernel_with_repeated_and_out_of_range_picks(gate, num_experts):
+    """A repeated pick keeps its last slot's gradient; an index outside [0, E) reads and writes nothing."""
+    scores = torch.full((2, num_experts), 0.5, device="cuda")
+    idx = torch.tensor([[3, 3, 1], [-1, num_experts, 2]], device="cuda")
+    cot = torch.tensor([[1.0, -2.0, 0.5], [1.0, 1.0, 1.0]], device="cuda")
+    weights = torch.full((2, 3), 0.25, device="cuda")
+    with poisoned(True):
+        grad = gate.topk_gate_scored_bwd(cot, torch.zeros_like(scores), torch.zeros(num_experts, device="cuda"),
+                                         idx, weights, scores, 3, 1.0).cpu()
+    assert torch.isfinite(grad).all()
+    assert grad[0].nonzero().flatten().tolist() == [1, 3] and grad[1].nonzero().flatten().tolist() == [2]
+    # row 0: three picked scores of 0.5 (D = 1.5), <g, w> = -0.125; slot 1 (g = -2) lands at expert 3
+    unit = (torch.tensor(-2.0) + 0.125) / 1.5 * (-torch.expm1(torch.tensor(-0.25))) / 1.0
+    assert torch.allclose(grad[0, 3], unit, rtol=1e-6)
