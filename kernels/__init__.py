@@ -32,6 +32,7 @@ KERNELS = {
     "quant.block_cast": "kernels.quant:BLOCK_CAST",
     "quant.cast_back": "kernels.quant:CAST_BACK",
     "quant.lossless": "kernels.quant.lossless:LOSSLESS",
+    "quant.weight_sf_layout": "kernels.quant.sf_layout:WEIGHT_SF_LAYOUT",
     "quant.swiglu_plain": "kernels.quant.swiglu_plain:SWIGLU_PLAIN",
     "quant.norm_fwd": "kernels.quant.norm:NORM_FWD",
     "quant.norm_bwd": "kernels.quant.norm:NORM_BWD",

@@ -9,6 +9,9 @@
   block's sf is therefore 2^-6 times the largest input sf it covers (the smallest power of two that holds
   the largest code of that input sf), and every input sf of the block must be at least 2^-14 times that
   largest one.  A NaN input sf makes the whole out block NaN (sf and data).
+* ``batched_transpose_weight_sf``: a weight's power-of-two scales 2^e as ue8m0 bytes e + 127, packed four to an
+  int32 word in deep_gemm's two MN-major layouts (along k for each weight row, along n for each weight
+  column); no value changes, so the words are exact.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ LOSSLESS_HEADROOM = 6
 LOSSLESS_SHIFT_MIN = -8
 LOSSLESS_SPAN = LOSSLESS_HEADROOM - LOSSLESS_SHIFT_MIN  # largest / smallest input sf of an out block: 2^14
 UE8M0_MIN_EXPONENT = -127
+UE8M0_MAX_EXPONENT = 127
 
 
 def per_channel_cast_and_transpose(x: Any, fmt: str = "e4m3", num_per_tokens: int = 128, **sf_options: Any):
@@ -109,3 +113,47 @@ def per_channel_cast_fused(x: Any, x_sf: torch.Tensor | None = None, fmt: str = 
     values = fused_cast_values(x, x_sf, num_per_channels, pos_to_token)
     y = torch.from_numpy(np.ascontiguousarray(values.astype(np.float32)))
     return ref.per_channel_cast(y, fmt, num_per_tokens, **sf_options)
+
+
+# -- batched_transpose_weight_sf: deep_gemm's MN-major packed ue8m0 scale layouts --------------------------
+
+
+def check_weight_sf_values(values: np.ndarray) -> None:
+    """Raises ValueError unless every sf is a power of two 2^e with -127 <= e <= 127 (a ue8m0 value): the
+    contract's domain (NaN, infinities, zero, negatives and other values are outside it)."""
+    mantissa, exponent = np.frexp(values)
+    ok = np.isfinite(values) & (mantissa == 0.5) & (exponent - 1 >= UE8M0_MIN_EXPONENT) \
+        & (exponent - 1 <= UE8M0_MAX_EXPONENT)
+    if not ok.all():
+        raise ValueError("sf: every scale must be a power of two 2^e with -127 <= e <= 127")
+
+
+def packed_rows(rows: np.ndarray) -> torch.Tensor:
+    """float64 powers of two (G, R, C) -> int32 (G, R, ceil(C / 4)): each row's ue8m0 bytes packed four to a
+    word along C (the quant casts' packed ue8m0 storage: the first byte lowest, the bytes past C zero)."""
+    groups, num_rows, cols = rows.shape
+    packed = ref.store_sf(rows.reshape(groups * num_rows, cols), use_ue8m0=True, use_packed_ue8m0=True)
+    return packed.reshape(groups, num_rows, -1)
+
+
+def mn_major(words: torch.Tensor) -> torch.Tensor:
+    """int32 (G, R, W) stored MN-major: the same values with strides (W * R, 1, R)."""
+    return words.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def batched_transpose_weight_sf(sf: torch.Tensor, block_size: int = 128, transpose_sf1: bool = False):
+    """(sf0, sf1) of one weight's scales sf (n / bs, k / bs) or (G, n / bs, k / bs), bs = block_size.
+
+    sf0 int32 (G?, n, ceil(num_sf_k / 4)), strides (G?: words * n,) + (1, n): word [r, w] packs the ue8m0 bytes
+    of sf[r // bs, 4w + j], j = 0..3, byte j holding the j-th.  sf1 int32 (G?, k, ceil(num_sf_n / 4)), strides
+    (..., 1, k), word [c, w] packing sf[4w + j, c // bs]; with transpose_sf1 its transpose (G?, words, k),
+    strides (..., k, 1).  Bytes past the last sf of a word are zero."""
+    values = ref.as_float64(sf)
+    check_weight_sf_values(values)
+    grouped = values.ndim == 3
+    v = values if grouped else values[None]
+    sf0 = mn_major(packed_rows(np.repeat(v, block_size, axis=1)))  # row r holds sf[r // bs, :]
+    sf1 = mn_major(packed_rows(np.repeat(v.transpose(0, 2, 1), block_size, axis=1)))  # row c: sf[:, c // bs]
+    if transpose_sf1:
+        sf1 = sf1.transpose(1, 2)
+    return (sf0, sf1) if grouped else (sf0[0], sf1[0])

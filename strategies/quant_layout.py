@@ -11,6 +11,12 @@
   384), ``min_code`` (a +-0.5 code), ``zero_block`` (an input block of zero codes, +0 and -0),
   ``nan_sf`` (a NaN input sf: its out block NaN), ``sf_top`` (2^127) and ``sf_bottom`` (2^-127, whose out sf
   2^-133 is an fp32 subnormal; only with an fp32 out sf).  T ends in partial out blocks.
+* batched_transpose_weight_sf: one weight's power-of-two scales 2^e, e in [-127, 127] (no group dimension,
+  or G in 1..3), block_size 32 or 128, n and k multiples of 128 in 128..1024; edge classes (tagged
+  ``weight_sf:<name>``): ``grouped`` (a 3-D sf), ``partial_sf0_word`` / ``partial_sf1_word`` (num_sf_k /
+  num_sf_n not a multiple of 4, so the last word of sf0 / sf1 holds padding bytes; block_size 128 only,
+  since n / 32 is a multiple of 4), ``sf_top`` (2^127, byte 254) and ``sf_bottom`` (2^-127, an fp32
+  subnormal, byte 0).
 """
 
 from __future__ import annotations
@@ -199,3 +205,51 @@ per_block_cast_lossless_cases = tagging("x", (
     'empty', 'non_pow2', 'single_row', 'lossless:sf_span', 'lossless:max_code', 'lossless:min_code',
     'lossless:zero_block', 'lossless:nan_sf', 'lossless:sf_top', 'lossless:sf_bottom',
 ), lossless_edges)(per_block_cast_lossless_cases)
+
+
+WEIGHT_SF_BLOCKS = (32, 128)
+WEIGHT_SF_SIZES = tuple(range(128, 1025, 128))  # n and k
+
+
+@st.composite
+def batched_transpose_weight_sf_cases(draw) -> Case:
+    """One weight's scales: fp32 2^e (e uniform in [-127, 127], or in a narrow band of everyday scales), the
+    extreme exponents placed where asked."""
+    block_size = draw(st.sampled_from(WEIGHT_SF_BLOCKS))
+    groups = draw(st.sampled_from((None, 1, 2, 3)))
+    n, k = draw(st.sampled_from(WEIGHT_SF_SIZES)), draw(st.sampled_from(WEIGHT_SF_SIZES))
+    shape = ((groups,) if groups else ()) + (n // block_size, k // block_size)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    low = draw(st.sampled_from((-127, -20)))
+    exponents = rng.integers(low, 128 if low == -127 else 1, size=shape)
+    flat = exponents.reshape(-1)
+    if draw(st.booleans()):
+        flat[rng.integers(0, flat.size)] = 127
+    if draw(st.booleans()):
+        flat[rng.integers(0, flat.size)] = -127
+    sf = torch.from_numpy(np.ldexp(1.0, exponents)).float()  # 2^-127 is an exact fp32 subnormal
+    return Case(params={"block_size": block_size, "transpose_sf1": draw(st.booleans())},
+                inputs={"sf": sf.contiguous()})
+
+
+def weight_sf_edges(case: Case) -> set[str]:
+    """The ``weight_sf:<edge>`` classes of a case, from its tensors."""
+    sf = case.inputs["sf"]
+    found = set()
+    if sf.dim() == 3:
+        found.add("grouped")
+    if sf.shape[-1] % 4:
+        found.add("partial_sf0_word")
+    if sf.shape[-2] % 4:
+        found.add("partial_sf1_word")
+    if bool((sf == 2.0**127).any()):
+        found.add("sf_top")
+    if bool((sf == 2.0**-127).any()):
+        found.add("sf_bottom")
+    return {f"weight_sf:{e}" for e in found}
+
+
+batched_transpose_weight_sf_cases = tagging("sf", (
+    'non_pow2', 'single_row', 'subnormal:sf', 'weight_sf:grouped', 'weight_sf:partial_sf0_word',
+    'weight_sf:partial_sf1_word', 'weight_sf:sf_top', 'weight_sf:sf_bottom',
+), weight_sf_edges)(batched_transpose_weight_sf_cases)

@@ -1,8 +1,8 @@
 """The bad-argument tables of the quantisation functions beyond the first casts (family quant_swiglu: the
 plain SwiGLU and its fused casts; quant_norm: RMSNorm and its cast; quant: the per-block cast's sf-only and
 precomputed-sf variants, `QUANT_BLOCK`; quant_castback: the cast's round trip and the e2m1 unpack,
-`QUANT_CASTBACK`; quant_layout: the transposed and the fused per-channel casts and the lossless re-coding,
-`QUANT_LAYOUT`).
+`QUANT_CASTBACK`; quant_layout: the transposed and the fused per-channel casts, the lossless re-coding and
+the weight sf re-layout, `QUANT_LAYOUT`).
 
 tests/bad_inputs.py says how a table is written (`Table`, `Bad` and the argument editors);
 tests/test_bad_inputs.py merges these into its `TABLES` and runs them.
@@ -225,6 +225,12 @@ def _fused_base() -> dict[str, Any]:
             "use_packed_ue8m0": False, "use_tma_aligned_col_major_sf": False, "clamp_min": None}
 
 
+def _weight_sf_base() -> dict[str, Any]:
+    """G = 2 weights of n = 640, k = 384 (bs = 128): sf 2^k (k in [-8, 8]) of shape (2, 5, 3)."""
+    exponents = torch.randint(-8, 9, (2, 5, 3), generator=_gen(16)).float()
+    return {"sf": torch.pow(2.0, exponents), "block_size": 128, "transpose_sf1": False}
+
+
 E4M3_ONLY_BAD = FMT_BAD + (Bad("fmt-e2m1", "fmt", ValueError, _put("fmt", "e2m1")),)
 NUM_PER_TOKENS_BAD = (48, 0, 256)
 
@@ -285,4 +291,14 @@ QUANT_LAYOUT = {
             Bad("x_sf-spread-past-2^14", "x_sf", ValueError, _sf_at(2.0**-18)),
             Bad("ue8m0-out-sf-below-2^-127", "x_sf", ValueError,
                 _with(x_sf=torch.full((4, 4), 2.0**-122), use_ue8m0=True)))),
+    "batched_transpose_weight_sf": Table(
+        base=_weight_sf_base, tensors={"sf": torch.float64}, reference="sf",
+        ints={"block_size": (64, 0, 256)}, bools=("transpose_sf1",),
+        extra=(
+            Bad("sf-one-dim", "sf", ValueError, _set("sf", lambda t: t[0, 0])),
+            Bad("sf-no-groups", "sf", ValueError, _set("sf", lambda t: t[:0])),
+            Bad("sf-no-columns", "sf", ValueError, _set("sf", lambda t: t[:, :, :0])),
+            Bad("n-not-a-multiple-of-128", "sf", ValueError, _put("block_size", 32)),
+            Bad("k-not-a-multiple-of-128", "sf", ValueError,
+                _with(sf=torch.ones(2, 4, 3), block_size=32)))),
 }

@@ -52,8 +52,9 @@ def test_declared_shapes_build_on_cpu(entry):
     assert set(entry.shape.unread) <= set(inputs)
     read = sum(t.numel() * t.element_size() for name, t in inputs.items() if name not in entry.shape.unread)
     total = entry.shape.nbytes(inputs, params)
-    # expand_to_fused writes about 8 times what it reads
-    assert isinstance(total, int) and read <= total <= 16 * read
+    # expand_to_fused writes about 8 times what it reads, batched_transpose_weight_sf about block_size / 2
+    # times (each fp32 sf becomes a byte in each of the block's rows and columns)
+    assert isinstance(total, int) and read <= total <= 80 * read
     fn = entry.impls["torch"].function()
     if inspect.isfunction(fn):  # (wrappers such as swiglu's take **kwargs)
         inspect.signature(fn).bind(**inputs, **params)

@@ -201,3 +201,91 @@ def test_a_fused_cast_without_the_gather_is_caught():
         for comparison in check_case(FUSED, Impl("wrong", ungathered, device="cpu"), case, case_dir=None,
                                      excuse=False):
             pass
+
+
+# -- batched_transpose_weight_sf ---------------------------------------------------------------------------
+
+WEIGHT_SF = registry.get("quant.batched_transpose_weight_sf")
+
+
+def _word(*byte_values: int) -> int:
+    """The int32 word of up to four bytes, the first lowest (zero bytes after them)."""
+    value = sum(b << (8 * j) for j, b in enumerate(byte_values))
+    return value - 2**32 if value >= 2**31 else value
+
+
+def test_weight_sf_by_hand():
+    # bs = 128, n = 256, k = 640: sf (2, 5) = 2^e; ue8m0 bytes e + 127 (2^-127 -> 0, 2^127 -> 254)
+    exponents = [[0, 1, -127, 127, -1], [2, 3, 4, 5, 6]]
+    sf = torch.tensor([[2.0**e for e in row] for row in exponents])
+    sf0, sf1 = ref.batched_transpose_weight_sf(sf, 128, False)
+    assert sf0.shape == (256, 2) and sf0.stride() == (1, 256)
+    # weight rows 0..127 take sf row 0: bytes 127, 128, 0, 254 | 126 then three zero padding bytes
+    assert sf0[0].tolist() == [_word(127, 128, 0, 254), _word(126)]
+    assert sf0[127].tolist() == sf0[0].tolist()
+    assert sf0[128].tolist() == [_word(129, 130, 131, 132), _word(133)]
+    # sf1 (k, ceil(2 / 4)) = (640, 1): column c packs sf[0, c // 128], sf[1, c // 128], then two zero bytes
+    assert sf1.shape == (640, 1)
+    assert [sf1[c, 0].item() for c in (0, 128, 256, 384, 639)] == [
+        _word(127, 129), _word(128, 130), _word(0, 131), _word(254, 132), _word(126, 133)]
+    _, sf1_t = ref.batched_transpose_weight_sf(sf, 128, True)
+    assert sf1_t.shape == (1, 640) and torch.equal(sf1_t, sf1.t())
+
+
+def test_weight_sf_groups_are_independent():
+    sf = torch.pow(2.0, torch.arange(-12.0, 12.0)).reshape(2, 4, 3)
+    sf0, sf1 = ref.batched_transpose_weight_sf(sf, 32, True)
+    assert sf0.shape == (2, 128, 1) and sf1.shape == (2, 1, 96)
+    for g in range(2):
+        one0, one1 = ref.batched_transpose_weight_sf(sf[g].contiguous(), 32, True)
+        assert torch.equal(sf0[g], one0) and torch.equal(sf1[g], one1)
+
+
+@pytest.mark.parametrize("value", [3.0, 0.0, -1.0, float("inf"), float("nan"), 2.0**-128])
+def test_weight_sf_oracle_refuses_values_outside_the_contract(value):
+    sf = torch.ones(1, 1)
+    sf[0, 0] = value
+    with pytest.raises(ValueError, match="sf"):
+        ref.batched_transpose_weight_sf(sf, 128)
+
+
+@checks
+@given(case=strat.batched_transpose_weight_sf_cases())
+def test_weight_sf_eager_against_the_oracle(case: Case):
+    _judge(WEIGHT_SF, WEIGHT_SF.impls["torch"], case)
+
+
+@pytest.mark.parametrize("spoil", ["padding", "strides", "one_byte"])
+def test_a_wrong_weight_sf_layout_is_caught(spoil):
+    def wrong(**kwargs):
+        sf0, sf1 = eager.batched_transpose_weight_sf(**kwargs)
+        if spoil == "padding":  # a non-zero byte past the last sf of sf0's words
+            sf0 = sf0.clone()
+            sf0[:, -1] |= 1 << 24  # k / 128 = 5 sf: the last word holds one, its byte 3 is padding
+        elif spoil == "strides":  # the right values, row-major instead of MN-major
+            sf0 = sf0.contiguous()
+        else:
+            sf1 = sf1 ^ 1
+        return sf0, sf1
+
+    case = Case(params={"block_size": 128, "transpose_sf1": False},
+                inputs={"sf": torch.pow(2.0, torch.arange(10.0)).reshape(2, 5)})
+    with pytest.raises(VerificationError, match="sf1" if spoil == "one_byte" else "sf0"):
+        for comparison in check_case(WEIGHT_SF, Impl("wrong", wrong, device="cpu"), case, case_dir=None,
+                                     excuse=False):
+            pass
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"block_size": 64}, ValueError, "block_size"),
+    ({"block_size": True}, TypeError, "block_size"),
+    ({"transpose_sf1": 1}, TypeError, "transpose_sf1"),
+    ({"sf": torch.ones(2, 3, dtype=torch.float64)}, TypeError, "sf"),
+    ({"sf": torch.ones(0, 2, 3)}, ValueError, "sf"),
+    ({"sf": torch.ones(3, 2).t()}, ValueError, "sf"),
+    ({"sf": torch.ones(5, 3), "block_size": 32}, ValueError, "sf"),
+])
+def test_weight_sf_bad_arguments(kwargs, error, match):
+    args = {"sf": torch.ones(2, 3), **kwargs}
+    with pytest.raises(error, match=match):
+        eager.batched_transpose_weight_sf(**args)

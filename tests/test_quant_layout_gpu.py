@@ -1,6 +1,7 @@
 """The quantisation layout ops' TileLang implementations on a GPU against the oracles, through the specs'
 judges (skipped without CUDA): the lossless kernel on every configuration and the strategy's edges, the
-transposed per-channel cast (a composition of our cast and transpose kernels)."""
+transposed per-channel cast (a composition of our cast and transpose kernels); the weight sf re-layout kernel
+on every configuration, and tile-kernels' batched call of two weights against two single calls."""
 
 from __future__ import annotations
 
@@ -63,3 +64,45 @@ def test_channel_transpose_against_the_oracle(case: Case):
 @given(case=strat.per_channel_cast_fused_cases())
 def test_channel_fused_against_the_oracle(case: Case):
     _judge(registry.get("quant.per_channel_cast_fused"), case)
+
+
+
+WEIGHT_SF = registry.get("quant.batched_transpose_weight_sf")
+
+
+@checks
+@given(case=strat.batched_transpose_weight_sf_cases())
+def test_weight_sf_kernel_against_the_oracle(case: Case):
+    _judge(WEIGHT_SF, case)
+
+
+@pytest.mark.parametrize("block_size", [32, 128])
+@pytest.mark.parametrize("shape", [(7168, 2048), (640, 384), (128, 128)], ids=str)
+@pytest.mark.parametrize("groups", [None, 3])
+@pytest.mark.parametrize("transpose_sf1", [False, True])
+def test_weight_sf_kernel_every_configuration(block_size, shape, groups, transpose_sf1):
+    g = torch.Generator().manual_seed(shape[0] + block_size)
+    sf_shape = ((groups,) if groups else ()) + (shape[0] // block_size, shape[1] // block_size)
+    exponents = torch.randint(-127, 128, sf_shape, generator=g)
+    case = Case(params={"block_size": block_size, "transpose_sf1": transpose_sf1},
+                inputs={"sf": torch.pow(2.0, exponents.double()).float()})
+    _judge(WEIGHT_SF, case)
+
+
+def test_tile_kernels_batching_changes_nothing():
+    """tile-kernels converts two weights in one call exactly as in two calls of one weight each."""
+    from tkverify.adapters import tile_kernels, tile_kernels_quant_layout as adapter
+
+    why = tile_kernels.missing_reason("quant.batched_transpose_weight_sf", tile_kernels.installed_version())
+    if why:
+        pytest.skip(why)
+    g = torch.Generator().manual_seed(7)
+    sfs = [torch.pow(2.0, torch.randint(-20, 21, shape, generator=g).double()).float().cuda()
+           for shape in ((3, 5, 7), (16, 24))]
+    flags = [True, False]
+    together = adapter.weight_sf_batch(sfs, 128, flags)
+    for sf, flag, pair in zip(sfs, flags, together):
+        alone = adapter.weight_sf_batch([sf], 128, [flag])[0]
+        for mine, theirs in zip(pair, alone):
+            assert mine.shape == theirs.shape and mine.stride() == theirs.stride()
+            assert torch.equal(mine, theirs)

@@ -8,6 +8,9 @@ argument checks that the TileLang wrappers share.
   blocks; the out block's sf is 2^-6 times the largest input sf it covers.  `_lossless_out_sf` computes
   the out sf and refuses (ValueError naming x_sf) a case that cannot be lossless; it reads one set of
   flags back to the host for that.
+* `batched_transpose_weight_sf`: a weight's power-of-two scales as deep_gemm's MN-major packed ue8m0 sf0 and
+  sf1, through the casts' ue8m0 packing (`quant._ue8m0_bytes`, `quant._pack_ue8m0`); the sf values are not read
+  back to be checked.
 """
 
 from __future__ import annotations
@@ -224,3 +227,78 @@ def per_block_cast_lossless(x: torch.Tensor, x_sf: torch.Tensor, fmt: str = "e4m
     values = c * (in_scales / eager._to_elements(out_sf, torch.Size(shape), out_block))
     return values.to(torch.float8_e4m3fn), _store_out_sf(out_sf, use_ue8m0, use_packed_ue8m0,
                                                         use_tma_aligned_col_major_sf)
+
+
+# -- batched_transpose_weight_sf ----------------------------------------------------------------------
+
+WEIGHT_SF_BLOCKS = (32, 128)  # block_size: the weight's scaling block (square)
+WEIGHT_SF_ALIGN = 128  # n and k (the weight's sizes) must be multiples of it
+
+
+def _check_weight_sf_args(sf: object, block_size: object, transpose_sf1: object) -> tuple[int, int, int, int]:
+    """Checks sf (fp32 (n / bs, k / bs) or (G, n / bs, k / bs), contiguous, G >= 1, n and k positive
+    multiples of 128), block_size and transpose_sf1; returns (G, num_sf_n, num_sf_k, block_size).  The sf
+    values are not read (that would need a read back from the device): values other than powers of two
+    2^e, -127 <= e <= 127, are outside the contract."""
+    if not isinstance(sf, torch.Tensor):
+        raise TypeError(f"sf must be a torch.Tensor, got {type(sf).__name__}")
+    if sf.dtype != torch.float32:
+        raise TypeError(f"sf must have dtype torch.float32, got {sf.dtype}")
+    if sf.dim() not in (2, 3):
+        raise ValueError(f"sf must be 2-D (n / block_size, k / block_size) or 3-D (G, n / block_size, "
+                         f"k / block_size), got shape {tuple(sf.shape)}")
+    check_contiguous("sf", sf)
+    bs = eager._check_int("block_size", block_size)
+    if bs not in WEIGHT_SF_BLOCKS:
+        raise ValueError(f"block_size must be one of {WEIGHT_SF_BLOCKS}, got {bs}")
+    eager._check_bool("transpose_sf1", transpose_sf1)
+    groups = sf.shape[0] if sf.dim() == 3 else 1
+    num_sf_n, num_sf_k = sf.shape[-2:]
+    n, k = num_sf_n * bs, num_sf_k * bs
+    if groups == 0 or n == 0 or k == 0 or n % WEIGHT_SF_ALIGN or k % WEIGHT_SF_ALIGN:
+        raise ValueError(f"sf: G >= 1 and n = {num_sf_n} * {bs}, k = {num_sf_k} * {bs} must be positive multiples "
+                         f"of {WEIGHT_SF_ALIGN}, got shape {tuple(sf.shape)}")
+    return groups, num_sf_n, num_sf_k, bs
+
+
+def _weight_sf_layouts(groups: int, num_sf_n: int, num_sf_k: int, block_size: int, transpose_sf1: bool,
+                      grouped: bool) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """((shape, strides) of sf0, (shape, strides) of sf1), deep_gemm's MN-major packed layouts: sf0
+    (G?, n, ceil(num_sf_k / 4)) with strides (G?: words * n,) + (1, n); sf1 (G?, k, ceil(num_sf_n / 4)) with
+    strides (..., 1, k), or with transpose_sf1 (G?, ceil(num_sf_n / 4), k) with strides (..., k, 1)."""
+    n, k = num_sf_n * block_size, num_sf_k * block_size
+    words0, words1 = -(-num_sf_k // 4), -(-num_sf_n // 4)
+    lead = ((groups,), (words0 * n,)) if grouped else ((), ())
+    lead1 = ((groups,), (words1 * k,)) if grouped else ((), ())
+    sf1 = ((words1, k), (k, 1)) if transpose_sf1 else ((k, words1), (1, k))
+    return ((lead[0] + (n, words0), lead[1] + (1, n)), (lead1[0] + sf1[0], lead1[1] + sf1[1]))
+
+
+def _packed_words(rows: torch.Tensor) -> torch.Tensor:
+    """fp32 powers of two (G, R, C) -> int32 (G, ceil(C / 4), R): the packed ue8m0 words of each row, word-major
+    (the storage of an MN-major layout)."""
+    groups, num_rows, cols = rows.shape
+    words = eager._pack_ue8m0(eager._ue8m0_bytes(rows.reshape(groups * num_rows, cols)))
+    return words.reshape(groups, num_rows, -1).transpose(1, 2).contiguous()
+
+
+def batched_transpose_weight_sf(sf: torch.Tensor, block_size: int = 128,
+                                transpose_sf1: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sf0, sf1) int32 packed ue8m0 in deep_gemm's MN-major layouts (`_weight_sf_layouts`): sf0[.., r, w] packs
+    sf[.., r // bs, 4w + j] and sf1[.., c, w] packs sf[.., 4w + j, c // bs], byte j of the word (the lowest
+    first) holding the ue8m0 byte (the fp32 exponent field) of the j-th sf; bytes past the last sf zero."""
+    groups, num_sf_n, num_sf_k, bs = _check_weight_sf_args(sf, block_size, transpose_sf1)
+    values = sf.reshape(groups, num_sf_n, num_sf_k)
+    storage0 = _packed_words(values.repeat_interleave(bs, dim=1))  # (G, words0, n)
+    storage1 = _packed_words(values.transpose(1, 2).repeat_interleave(bs, dim=1))  # (G, words1, k)
+    return _weight_sf_views(storage0, storage1, bs, transpose_sf1, sf.dim() == 3)
+
+
+def _weight_sf_views(storage0: torch.Tensor, storage1: torch.Tensor, block_size: int, transpose_sf1: bool,
+                    grouped: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sf0, sf1): word-major contiguous storages (G, words0, n) and (G, words1, k) viewed with exactly the
+    shapes and strides of `_weight_sf_layouts` (a dimension of one element included)."""
+    groups, words0, n = storage0.shape
+    num_sf_n, num_sf_k = n // block_size, storage1.shape[2] // block_size
+    layouts = _weight_sf_layouts(groups, num_sf_n, num_sf_k, block_size, transpose_sf1, grouped)
+    return tuple(torch.as_strided(s, shape, strides) for s, (shape, strides) in zip((storage0, storage1), layouts))

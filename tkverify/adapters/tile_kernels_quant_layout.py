@@ -10,6 +10,9 @@ the same sf limits; 2.1.0 lacks it.  Both releases export
 round_sf, use_packed_ue8m0)``; the input sf is handed over as fp32 (any storage of ours converted
 exactly), round_sf is always set (the contract's out sf is a power of two), and the out sf's flags and
 storage are converted as for the casts.  Their asserts (sizes, blocks) make a case `Unsupported`.
+2.1.0 exports ``quant.batched_transpose_weight_sf(sf, block_size, transpose_sf1s, outs)``, a list of weights'
+sf in and a list of (sf0, sf1) out; the op is one weight a call, mapped as a list of one (`weight_sf_batch`
+takes several, for the GPU test that batching changes nothing); 1.0.0 lacks it (`MISSING`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from tkverify.registry import Unsupported
 # What each API generation lacks among this module's ops (tkverify.adapters.tile_kernels.MISSING's format).
 MISSING = {2: {"quant.per_channel_cast_and_transpose":
                "tile-kernels 2.x has no per_channel_cast_and_transpose in tile_kernels.quant",
-               "quant.per_channel_cast_fused": "tile-kernels 2.x has no per_channel_cast_fused in tile_kernels.quant"}}
+               "quant.per_channel_cast_fused": "tile-kernels 2.x has no per_channel_cast_fused in tile_kernels.quant"},
+           1: {"quant.batched_transpose_weight_sf":
+               "tile-kernels 1.x has no batched_transpose_weight_sf in tile_kernels.quant"}}
 
 
 def _require(op: str) -> None:
@@ -66,8 +71,21 @@ def per_block_cast_lossless(x, x_sf, fmt="e4m3", x_block_size=(1, 32), out_block
                         column_major=use_tma_aligned_col_major_sf)
 
 
+def weight_sf_batch(sfs, block_size=128, transpose_sf1s=None):
+    """tile-kernels' (sf0, sf1) of each weight's sf in `sfs`, converted in one call (new outputs)."""
+    _require("quant.batched_transpose_weight_sf")
+    flags = [False] * len(sfs) if transpose_sf1s is None else [bool(t) for t in transpose_sf1s]
+    return _call(_tk("quant").batched_transpose_weight_sf, list(sfs), block_size, flags, [None] * len(sfs))
+
+
+def batched_transpose_weight_sf(sf, block_size=128, transpose_sf1=False):
+    (pair,) = weight_sf_batch([sf], block_size, [transpose_sf1])
+    return tuple(pair)
+
+
 # Registered by tkverify.adapters.tile_kernels.register_all.
 FORWARD = {"quant.per_channel_cast_and_transpose": per_channel_cast_and_transpose,
            "quant.per_channel_cast_fused": per_channel_cast_fused,
-           "quant.per_block_cast_lossless": per_block_cast_lossless}
+           "quant.per_block_cast_lossless": per_block_cast_lossless,
+           "quant.batched_transpose_weight_sf": batched_transpose_weight_sf}
 BACKWARD: dict = {}

@@ -2,7 +2,9 @@
 composition judged through quant.per_channel_cast's judge on the data transposed back;
 quant.per_channel_cast_fused, a composition (cast_back in fp32, a row gather, the per-channel cast) judged
 through the same judge on the exact values the cast receives; and
-quant.per_block_cast_lossless, an exact re-coding of e2m1 codes as e4m3 codes, judged bitwise.
+quant.per_block_cast_lossless, an exact re-coding of e2m1 codes as e4m3 codes, judged bitwise; and
+quant.batched_transpose_weight_sf, a weight's power-of-two scales re-laid as deep_gemm's MN-major packed
+ue8m0 words, judged bitwise after the check of each output's shape and strides.
 
 Input classes (the differential suite tags each judged case ``class: <name>`` per class it is in,
 computed from its tensors by `strategies.classes.case_classes`; ``<class>:<input>`` names the input; the
@@ -17,6 +19,9 @@ report counts them and tests/test_classes.py fails where one has no example unde
 * quant.per_block_cast_lossless: ``empty``, ``non_pow2``, ``single_row``, ``lossless:sf_span``,
   ``lossless:max_code``, ``lossless:min_code``, ``lossless:zero_block``, ``lossless:nan_sf``,
   ``lossless:sf_top``, ``lossless:sf_bottom``.
+* quant.batched_transpose_weight_sf: ``non_pow2``, ``single_row``, ``subnormal:sf``, ``weight_sf:grouped``,
+  ``weight_sf:partial_sf0_word``, ``weight_sf:partial_sf1_word``, ``weight_sf:sf_top``,
+  ``weight_sf:sf_bottom`` (strategies/quant_layout.py says what each is).
 """
 
 from __future__ import annotations
@@ -172,4 +177,80 @@ register(OpSpec(
     doc="e2m1 codes with power-of-two sf re-coded exactly as e4m3 codes in larger blocks: (data, sf).",
     bench=(BenchShape(f"{TOKENS}x{HIDDEN} e2m1 (1, 32) -> e4m3 (128, 128)", _lossless_shape, _lossless_bytes,
                       target=0.9),),
+))
+
+
+# -- quant.batched_transpose_weight_sf ----------------------------------------------------------------
+
+
+def strided_problem(t: Any, expected: torch.Tensor) -> str | None:
+    """What is wrong with a returned packed sf's dtype, shape or strides against the oracle's (None if
+    nothing).  The stride of a dimension of one element addresses nothing, so it is not compared."""
+    if not isinstance(t, torch.Tensor):
+        return f"expected a tensor, got {type(t).__name__}"
+    if t.dtype != torch.int32:
+        return f"packed ue8m0 words must be torch.int32, got {t.dtype}"
+    if tuple(t.shape) != tuple(expected.shape):
+        return f"shape must be {tuple(expected.shape)}, got {tuple(t.shape)}"
+    wanted = [s if n > 1 else None for n, s in zip(expected.shape, expected.stride())]
+    got = [s if n > 1 else None for n, s in zip(t.shape, t.stride())]
+    if wanted != got:
+        return (f"strides must be {expected.stride()} (MN-major; any stride on a dimension of one element), "
+                f"got {t.stride()}")
+    return None
+
+
+def given_weight_sf(case: Case, actual: dict[str, Any]) -> dict[str, Judgement]:
+    """sf0 and sf1 bitwise against the oracle's words (padding bytes included), after their layout checks."""
+    expected = dict(zip(("sf0", "sf1"), ref.batched_transpose_weight_sf(**case.inputs, **case.params)))
+    judged = {}
+    for name, want in expected.items():
+        problem = strided_problem(actual[name], want)
+        judged[name] = (malformed(problem, "ue8m0") if problem else
+                        Judgement(bitwise(torch.int32), actual[name].contiguous(), want.contiguous(), fmt="ue8m0"))
+    return judged
+
+
+def _weight_sf_shape(groups: int | None, n: int, k: int, block_size: int):
+    def make(device: Any) -> tuple[dict, dict]:
+        shape = ((groups,) if groups else ()) + (n // block_size, k // block_size)
+        exponents = torch.randint(-20, 1, shape, generator=benchshapes.generator(torch.device("cpu"), 0))
+        sf = torch.pow(2.0, exponents.double()).float().to(device)
+        return {"sf": sf}, {"block_size": block_size, "transpose_sf1": False}
+    return make
+
+
+def _weight_sf_written(inputs: dict, params: dict) -> int:
+    """Bytes of sf0 and sf1: G * (words0 * n + words1 * k) int32 words."""
+    sf, bs = inputs["sf"], params["block_size"]
+    groups = sf.shape[0] if sf.dim() == 3 else 1
+    num_sf_n, num_sf_k = sf.shape[-2:]
+    return 4 * groups * (-(-num_sf_k // 4) * num_sf_n * bs + -(-num_sf_n // 4) * num_sf_k * bs)
+
+
+def _weight_sf_bytes(inputs: dict, params: dict) -> int:
+    """sf read once, both outputs written (about bs / 2 times the bytes read: each sf lands in bs / 4 words of
+    each output)."""
+    return inputs["sf"].numel() * 4 + _weight_sf_written(inputs, params)
+
+
+register(OpSpec(
+    name="quant.batched_transpose_weight_sf",
+    oracle=ref.batched_transpose_weight_sf,
+    strategy=strategies.quant_layout.batched_transpose_weight_sf_cases,
+    outputs={
+        "sf0": Decided("bitwise: int32 (G?, n, ceil(num_sf_k / 4)) MN-major, word [r, w] packing the ue8m0 bytes "
+                       "of sf[r // bs, 4w..4w+3], padding bytes zero; shape and strides checked"),
+        "sf1": Decided("bitwise: int32 (G?, k, ceil(num_sf_n / 4)) MN-major (or its transpose with "
+                       "transpose_sf1), word [c, w] packing sf[4w..4w+3, c // bs]; shape and strides checked"),
+    },
+    impls={"torch": torch_impl("kernels.torch.quant_layout:batched_transpose_weight_sf"),
+           "tilelang": tilelang_impl("kernels.quant.sf_layout:batched_transpose_weight_sf")},
+    given=given_weight_sf,
+    doc="One weight's fp32 power-of-two scales as deep_gemm's MN-major packed ue8m0 sf0 / sf1: (sf0, sf1).",
+    # A few hundred kB move per call: launch latency dominates, so these are judged by time (target None).
+    bench=(BenchShape("n7168 k2048 bs128", _weight_sf_shape(None, 7168, 2048, 128), _weight_sf_bytes, target=None,
+                      written=_weight_sf_written),
+           BenchShape("G8 n4096 k7168 bs128", _weight_sf_shape(8, 4096, 7168, 128), _weight_sf_bytes,
+                      target=None, written=_weight_sf_written)),
 ))
