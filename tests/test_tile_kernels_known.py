@@ -25,6 +25,7 @@ FINDING_CASES = [
     ("2.1.0/quant.per_token_cast_with_sf_only-F1-nan.json", "2.1.0", False, {"sf"}, "", "F1"),
     ("2.1.0/quant.swiglu_forward_and_per_token_cast-P2-plain.json", "2.1.0", False, {"sf"}, "",
      "F1"),
+    ("2.1.0/quant.swiglu_backward_and_per_token_cast-F1-nan.json", "2.1.0", False, {"sf"}, "", "F1"),
     ("2.1.0/quant.per_token_cast-F2-inf-round_sf.json", "2.1.0", False, {"sf", "data"}, "", "F2"),
     ("2.1.0/quant.per_token_cast-F2-inf-plain.json", "2.1.0", False, {"sf"}, "", "F2"),
     ("2.1.0/quant.per_token_cast-F2-inf-ue8m0.json", "2.1.0", False, {"data"}, "", "F2"),
@@ -121,8 +122,15 @@ def test_a_case_outside_the_domain_is_not_excused():
     case.inputs["x"] = case.inputs["x"].nan_to_num(0.0)
     assert known.known("2.1.0", case, failure) is None
     # F3's failure with normal sfs.
-    case, failure = _failure(FINDING_CASES[7][0], False, {"data"}, "")
+    case, failure = _failure("2.1.0/quant.per_token_cast_with_precomputed_sf-F3-subnormal-sf-e2m1.json", False,
+                             {"data"}, "")
     case.inputs["sf"] = case.inputs["sf"].abs() + 1.0
+    assert known.known("2.1.0", case, failure) is None
+    # F1 in SwiGLU's backward cast: the sf failing on a case without a NaN would be new.
+    case, failure = _failure("2.1.0/quant.swiglu_backward_and_per_token_cast-F1-nan.json", False, {"sf"}, "")
+    case.inputs["x"] = case.inputs["x"].float().nan_to_num(0.0).to(case.inputs["x"].dtype)
+    assert known.known("2.1.0", case, failure) is not None  # its x_sf still holds a NaN
+    case.inputs["x_sf"] = case.inputs["x_sf"].nan_to_num(1.0)
     assert known.known("2.1.0", case, failure) is None
     # F12's compile error where post_mult is not 0 would be new (m = 5 with post_mult 2 passes, 1 to 3 tokens).
     case, _ = load_case(CASES / "2.1.0/mhc.pre_split_mixes-F12-m5.json")
