@@ -43,7 +43,9 @@ def sqrt_softplus_derivative(logits) -> np.ndarray:
     x = as_float64(logits)
     u = sqrt_softplus(x)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        sigmoid = 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow at either end
+        # exp(-softplus(-x)): no overflow at either end, and no cancellation for very negative x, where
+        # 0.5 (1 + tanh(x / 2)) rounds to 0 below about -37 (tanh(x / 2) = -1 + 2 e^x in float64)
+        sigmoid = np.exp(-np.logaddexp(0.0, -x))
         out = sigmoid / (2.0 * u)
     return np.where((u > 0) & np.isfinite(u), out, 0.0)
 

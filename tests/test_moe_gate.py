@@ -100,10 +100,28 @@ def test_backward_matches_autograd_in_float64():
 
 
 def test_derivative_from_the_score_matches_sigmoid():
-    x = torch.tensor([-60.0, -10.0, -1.0, 0.0, 3.0, 25.0], dtype=torch.float32)
+    x = torch.tensor([-60.0, -38.682, -10.0, -1.0, 0.0, 3.0, 25.0], dtype=torch.float32)
     u = impl._sqrt_softplus(x)
     exact = ref.sqrt_softplus_derivative(x.double())
-    assert np.allclose(impl._sqrt_softplus_derivative_from_score(u).double().numpy(), exact, rtol=1e-5)
+    assert (exact > 0).all()
+    assert np.allclose(impl._sqrt_softplus_derivative_from_score(u).double().numpy(), exact, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("x", [-700.0, -80.0, -38.68199920654297, -37.0, -20.0, -1e-3, 0.0, 2.0, 40.0, 700.0])
+def test_regression_the_oracles_derivative_keeps_its_digits_for_very_negative_logits(x):
+    """sigmoid(x) / (2 sqrt(softplus(x))), with sigmoid and softplus of a negative x written as e^x / (1 + e^x)
+    and log1p(e^x) (no cancellation there).  The oracle once took sigmoid as 0.5 (1 + tanh(x / 2)), which
+    is 0 below about -37: the GPU test of the TileLang backward found it on a selected logit of -38.68 (its
+    kernel and the eager backward right, -3.6e-28; the oracle -0)."""
+    if x <= 0:
+        e = math.exp(x)
+        sigmoid, softplus = e / (1.0 + e), math.log1p(e)
+    else:
+        e = math.exp(-x)
+        sigmoid, softplus = 1.0 / (1.0 + e), x + math.log1p(e)
+    expected = sigmoid / (2.0 * math.sqrt(softplus))
+    got = float(ref.sqrt_softplus_derivative(np.array([x]))[0])
+    assert got == pytest.approx(expected, rel=1e-13, abs=0)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
