@@ -77,6 +77,16 @@ FINDING_CASES = [
     ("1.0.0/engram.gate-F10-t0-gradients.json", "1.0.0", True, None,
      "RuntimeError: kernel engram_gate_bwd_kernel input grad_out strides[2] violates packed ABI constraint; "
      "expected: 0, got: 1", "F10"),
+    ("2.1.0/mhc.pre_apply_mix-F17-backward-hidden8-gradients.json", "2.1.0", True, {"mix"}, "", "F17"),
+    ("2.1.0/mhc.head_compute_mix-F18-backward-m2-gradients.json", "2.1.0", True, {"scale"}, "", "F18"),
+    ("2.1.0/mhc.post-F19-backward-m2-gradients.json", "2.1.0", True, None,
+     "RuntimeError: kernel mhc_post_bwd_cuda input dx shape[1] violates packed ABI constraint; expected: 2, got: 4",
+     "F19"),
+    ("2.1.0/mhc.multilayer_recompute-F20-hidden1.json", "2.1.0", False, None,
+     "InternalError: Explicit async copy semantics require cp.async lowering, but no eligible global->shared store "
+     "was rewritten.", "F20"),
+    ("2.1.0/mhc.reduce_partials_and_rmsnorm-F15-empty-batch-size35.json", "2.1.0", False, None,
+     "InternalError: Check failed: (has_best) is false: no available layout found", "F15"),
     ("2.1.0/engram.gate-P1-empty-batch-gradients.json", "2.1.0", True, None,
      "RuntimeError: kernel engram_gate_bwd_kernel_cuda input grad_out strides[2] violates packed ABI constraint; "
      "expected: 0, got: 1", "F10"),
@@ -132,6 +142,20 @@ def test_a_case_outside_the_domain_is_not_excused():
     assert known.known("2.1.0", case, failure) is not None  # its x_sf still holds a NaN
     case.inputs["x_sf"] = case.inputs["x_sf"].nan_to_num(1.0)
     assert known.known("2.1.0", case, failure) is None
+    # F17 at a hidden tile of 32 or more, F18 at m = 4, F19 at m = 4, F20 at hidden 2: new failures.
+    case, failure = _failure("2.1.0/mhc.pre_apply_mix-F17-backward-hidden8-gradients.json", True, {"mix"}, "")
+    case.inputs["x"] = case.resized([("x", -1)], 32).inputs["x"]
+    assert known.known("2.1.0", case, failure) is None
+    case, failure = _failure("2.1.0/mhc.head_compute_mix-F18-backward-m2-gradients.json", True, {"scale"}, "")
+    case = case.resized([("mixes", -1), ("base", 0)], 4)
+    assert known.known("2.1.0", case, failure) is None
+    case, failure = _failure("2.1.0/mhc.post-F19-backward-m2-gradients.json", True, None,
+                             "RuntimeError: kernel mhc_post_bwd_cuda input dx shape[1] violates packed ABI constraint")
+    assert known.known("2.1.0", case.resized([("comb", 2), ("comb", 3), ("post", 2), ("residual", 2)], 4),
+                       failure) is None
+    case, failure = _failure("2.1.0/mhc.multilayer_recompute-F20-hidden1.json", False, None,
+                             "InternalError: Explicit async copy semantics require cp.async lowering")
+    assert known.known("2.1.0", case.resized([("initial_residual", -1), ("layer_output", -1)], 2), failure) is None
     # F12's compile error where post_mult is not 0 would be new (m = 5 with post_mult 2 passes, 1 to 3 tokens).
     case, _ = load_case(CASES / "2.1.0/mhc.pre_split_mixes-F12-m5.json")
     error = "InternalError: Check failed: (has_best) is false: no available layout found"

@@ -20,6 +20,7 @@ larger e5m6 error.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Callable
 
@@ -132,6 +133,32 @@ def _clamped_nan(op: str, case: Case) -> bool:
     return case.params.get("clamp") is not None and bool(torch.isnan(case.inputs["x"].float()).any())
 
 
+def _pre_apply_mix_small_tile(op: str, case: Case) -> bool:
+    """2.1.0's pre_apply_mix backward tiles the hidden axis by gcd(1024, H) (its wrapper's block size): the
+    failing cases had tiles of 2 to 16 elements (H 2, 4, 8, 16); H 1 and H >= 32 passed."""
+    return 2 <= math.gcd(1024, case.inputs["x"].shape[-1]) <= 16
+
+
+def _mhc_m(case: Case, name: str, axis: int) -> int:
+    return case.inputs[name].shape[axis]
+
+
+def _head_mix_m2(op: str, case: Case) -> bool:
+    return _mhc_m(case, "mixes", -1) == 2
+
+
+def _head_mix_m6(op: str, case: Case) -> bool:
+    return _mhc_m(case, "mixes", -1) == 6
+
+
+def _post_m_not_4(op: str, case: Case) -> bool:
+    return _mhc_m(case, "residual", -2) != 4
+
+
+def _width_one(op: str, case: Case) -> bool:
+    return _mhc_m(case, "initial_residual", -1) == 1
+
+
 def _no_token_some_rows(op: str, case: Case) -> bool:
     return case.inputs["x"].shape[0] == 0 and case.params["num_expanded_rows"] > 0
 
@@ -148,11 +175,26 @@ FINDINGS = (
     Finding("F4", "an empty batch: zero-size grid launch", BOTH, ("mhc.sinkhorn",), _empty, error=_EMPTY_GRID),
     Finding("F9", "an empty batch: zero-size grid launch", BOTH,
             ("mhc.post", "mhc.pre_apply_mix", "mhc.pre_split_mixes"), _empty, error=_EMPTY_GRID),
-    # On an empty batch of width 1 2.1.0's multilayer_recompute fails to compile before it would launch.
+    # On an empty batch of width 1 2.1.0's multilayer_recompute fails to compile before it would launch (F20, at
+    # any batch), and its reduce_partials_and_rmsnorm at size 35 finds no layout (whether with tokens too is
+    # not known: reports/tile-kernels/findings.md, F15).
     Finding("F15", "an empty batch: zero-size grid launch (F9 in the ends of the stack and the fused pre-block)",
             ("2.1.0",), ("mhc.expand_to_mhc", "mhc.head_compute_mix", "mhc.norm_fn", "mhc.reduce_partials_and_rmsnorm",
                          "mhc.multilayer_recompute"), _empty,
-            error=rf"{_EMPTY_GRID}|Explicit async copy semantics require cp.async lowering"),
+            error=rf"{_EMPTY_GRID}|Explicit async copy semantics require cp.async lowering|no available layout found"),
+    Finding("F17", "pre_apply_mix backward with a hidden tile of 2 to 16 elements: grad_mix wrong", ("2.1.0",),
+            ("mhc.pre_apply_mix",), _pre_apply_mix_small_tile, outputs=frozenset({"mix"}), backward=True),
+    Finding("F18", "head_compute_mix backward at m = 2: grad_scale wrong", ("2.1.0",), ("mhc.head_compute_mix",),
+            _head_mix_m2, outputs=frozenset({"scale"}), backward=True),
+    Finding("F18", "head_compute_mix backward at m = 6: a TileLang layout error", ("2.1.0",),
+            ("mhc.head_compute_mix",), _head_mix_m6, error=r"Index mapping does not form a bijective transform",
+            backward=True),
+    Finding("F19", "post backward at m other than 4: a packed-ABI shape error", ("2.1.0",), ("mhc.post",),
+            _post_m_not_4, error=r"mhc_post_bwd_cuda input \w+ shape\[\d\] violates packed ABI constraint",
+            backward=True),
+    Finding("F20", "multilayer_recompute at hidden 1: a TileLang compile error", ("2.1.0",),
+            ("mhc.multilayer_recompute",), _width_one,
+            error=r"Explicit async copy semantics require cp.async lowering"),
     Finding("F16", "swiglu's clamp turns a NaN into the clamp's bound (a NaN-dropping min/max)", ("2.1.0",),
             ("quant.swiglu",), _clamped_nan, outputs=frozenset({"out"})),
     Finding("F16", "swiglu's clamp turns a NaN into the clamp's bound, in SwiGLU's backward cast", ("2.1.0",),
