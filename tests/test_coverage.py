@@ -15,7 +15,7 @@ from kernels.transpose import BATCHED_TRANSPOSE, TransposeConfig
 from tkverify import coverage, gradients, registry
 from tkverify.case import Case
 from tkverify.report import SpeedRow
-from tkverify.report.reach import coverage_markdown, read_coverage
+from tkverify.report.reach import coverage_markdown, read_coverage, short_config_labels
 
 SHIPPED = TransposeConfig("int32", True)
 
@@ -68,6 +68,17 @@ def test_table_and_list_show_reached_configs_and_gaps():
         f"transpose.batched_transpose {TransposeConfig('int32', False)!r}: never launched"]
     text = "\n".join(coverage_markdown([row], shipped))
     assert "**gap**" in text and "partial_tile_n 2" in text and "3 gaps" in text
+
+
+def test_the_table_names_a_configuration_by_the_fields_that_tell_it_apart():
+    labels = ["GateConfig(threads=128, stages=0, block=(1, 128))", "GateConfig(threads=512, stages=0, block=(1, 64))",
+              "GateConfig(threads=512, stages=0, block=(1, 128))"]
+    assert short_config_labels(labels) == {labels[0]: "GateConfig(threads=128, block=(1, 128))",
+                                           labels[1]: "GateConfig(threads=512, block=(1, 64))",
+                                           labels[2]: "GateConfig(threads=512, block=(1, 128))"}
+    assert short_config_labels(["HashConfig()"]) == {"HashConfig()": "HashConfig()"}  # the only one: in full
+    assert short_config_labels(["A(1)", "A(2)"]) == {"A(1)": "A(1)", "A(2)": "A(2)"}  # not field=value: in full
+    assert short_config_labels(["A(x=1)", "B(y=1)"]) == {"A(x=1)": "A(x=1)", "B(y=1)": "B(y=1)"}
 
 
 def test_candidates_are_exempt():

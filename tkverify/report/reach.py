@@ -30,6 +30,36 @@ def path_counts(speed: list[SpeedRow]) -> dict[tuple[str, str], dict[str, int]]:
             if any(label.split(coverage.SEPARATOR)[0] != coverage.NO_LAUNCH for label in r.coverage)}
 
 
+def _fields(label: str) -> tuple[str, list[str]]:
+    """A configuration's repr, ``Name(a=1, b=(2, 3))``, as its name and its top-level ``field=value`` items."""
+    name, _, rest = label.partition("(")
+    items, depth, start = [], 0, 0
+    body = rest[:-1] if rest.endswith(")") else rest
+    for i, ch in enumerate(body):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            items.append(body[start:i].strip())
+            start = i + 1
+    if body[start:].strip():
+        items.append(body[start:].strip())
+    return name, items
+
+
+def short_config_labels(labels: list[str]) -> dict[str, str]:
+    """Each of one kernel's configuration labels with only the fields that tell it from the kernel's other
+    configurations (all of them where the labels do not parse as ``Name(field=value, ...)``): a 200-character
+    repr that repeats the defaults says less than ``threads=512, v_once=True``."""
+    parsed = {label: _fields(label) for label in labels}
+    if len(labels) < 2 or any(not all("=" in item for item in items) for _, items in parsed.values()):
+        return {label: label for label in labels}
+    keys = [[item.partition("=")[0] for item in items] for _, items in parsed.values()]
+    if any(k != keys[0] for k in keys):
+        return {label: label for label in labels}
+    differ = [i for i in range(len(keys[0])) if len({items[i] for _, items in parsed.values()}) > 1]
+    return {label: f"{name}({', '.join(items[i] for i in differ)})" for label, (name, items) in parsed.items()}
+
+
 def coverage_markdown(speed: list[SpeedRow], shipped: dict | None = None) -> list[str]:
     """The kernel-path coverage table: per shipped configuration, per (op, impl) that launched it, its
     examples and those of each boundary class; a configuration no example launched as a gap; and the
@@ -40,6 +70,7 @@ def coverage_markdown(speed: list[SpeedRow], shipped: dict | None = None) -> lis
     listed = coverage.coverage_list(counts, shipped)
     lines = []
     for kernel, configs in listed.items():
+        short = short_config_labels(list(configs))
         for config, entry in configs.items():
             for who in entry["ops"] or ["**gap**"]:
                 op, _, impl = who.rstrip("]").partition("[")
@@ -48,7 +79,7 @@ def coverage_markdown(speed: list[SpeedRow], shipped: dict | None = None) -> lis
                 classes = ", ".join(f"{name} {labels.get(coverage.SEPARATOR.join((head, name)), 0)}"
                                     + ("" if labels.get(coverage.SEPARATOR.join((head, name))) else " (gap)")
                                     for name in entry["classes"]) if entry["ops"] else "-"
-                lines.append([kernel, f"`{config}`", who, str(labels.get(head, 0)), classes or "-"])
+                lines.append([kernel, f"`{short[config]}`", who, str(labels.get(head, 0)), classes or "-"])
     no_launch = [f"{op}[{impl}] {labels.get(coverage.NO_LAUNCH, 0)} (empty "
                  f"{labels.get(coverage.SEPARATOR.join((coverage.NO_LAUNCH, 'empty')), 0)})"
                  for (op, impl), labels in sorted(counts.items()) if labels.get(coverage.NO_LAUNCH)]
@@ -56,7 +87,8 @@ def coverage_markdown(speed: list[SpeedRow], shipped: dict | None = None) -> lis
     return ["", "## Kernel-path coverage", "",
             "Judged examples per shipped static configuration (tuning candidates exempt) and (op, impl) that "
             "launched it, and how many of them were in each of the kernel's boundary classes "
-            f"(tkverify/coverage.py); {len(missing)} gaps.", "",
+            f"(tkverify/coverage.py); {len(missing)} gaps.  A configuration shows the fields that tell it from "
+            "the kernel's other configurations (coverage.json names each in full).", "",
             _md_table([["kernel", "config", "op [impl]", "examples", "boundary classes"], *lines]),
             *(["", "Examples that launched nothing: " + "; ".join(no_launch)] if no_launch else [])]
 
