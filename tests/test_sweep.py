@@ -193,8 +193,8 @@ def test_sweep_command_writes_reports_and_deviation_tables(tmp_path):
 
 
 def test_production_rows_at_a_shrunken_scale(tmp_path):
-    rc, doc = _run_cli(tmp_path, "--parts", "none", "--production", "-k", "per_token_cast_with_precomputed,cast_back",
-                       "--shape-scale", "0.0005")
+    rc, doc = _run_cli(tmp_path, "--parts", "none", "--production", "-k",
+                       "per_token_cast_with_precomputed,quant.cast_back", "--shape-scale", "0.0005")
     assert rc == 0
     outputs = {(r["op"], r["output"]) for r in doc["rows"]}
     assert ("quant.cast_back", "out @ bench T16384 H7168 e4m3/128 -> bf16") in outputs
