@@ -82,10 +82,12 @@ def _check_norm_bwd_args(grad_out: Any, grad_norm_input: Any, x: Any, weight: An
 
 
 def _scaled_weight(weight: torch.Tensor | None, hidden: int, out_scale: float, device: torch.device) -> torch.Tensor:
-    """w c in fp32 (one rounding): the factor every row is multiplied by after rstd."""
+    """w c in fp32 (c rounded to fp32, one rounding of the product): the factor every row is multiplied by
+    after rstd.  c is a Python scalar, not a tensor built on the device: copying a host value to the GPU
+    waits for the device (reports/h200/sync-audit.txt listed norm, its backward and its cast for it)."""
     if weight is None:
         return torch.full((hidden,), out_scale, dtype=torch.float32, device=device)
-    return weight.float() * torch.tensor(out_scale, dtype=torch.float32, device=device)
+    return weight.float() * float(out_scale)
 
 
 def norm(x: torch.Tensor, weight: torch.Tensor | None = None, residual: torch.Tensor | None = None,
