@@ -25,7 +25,7 @@ are compared byte for byte with the shipped configuration's on the timed input
 (a candidate that changes a single byte is disqualified), and it is timed twice:
 eagerly (CUDA events around the call) and replayed from a CUDA graph.  The
 winner of a group is the bitwise-equal candidate with the least best time
-(`tkverify.bench.best_time_us`: the smaller of the two, as the bench judges).
+(`tkverify.bench.best_time_us`: the smaller of the two; the bench itself judges the eager p50).
 
 OUT.json: {"meta", "copy_bandwidth_TBps", "groups": [{"name", "key", "bytes",
 "rows": [{"config", "default", "time_us", "kernel_us", "of_copy",

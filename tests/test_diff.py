@@ -163,29 +163,43 @@ def write_bench(tmp_path, name, doc):
     return bench.write(doc, tmp_path / name)["json"]
 
 
-def test_bench_rows(tmp_path):
+def _spread(low, high, graph_low=None, graph_high=None):
+    return {"time_p10_us": low, "time_p90_us": high, "kernel_p10_us": graph_low, "kernel_p90_us": graph_high}
+
+
+def test_bench_rows_are_judged_by_the_eager_p50(tmp_path):
+    """The bench judges the eager p50 (``time_us`` in a bench.json of any age): graph times move without a
+    verdict; a row of an old bench (no percentiles) pairs with one of a new bench."""
     old = write_bench(tmp_path, "old", _bench_doc([
         _bench_row("slower", "tilelang", 100.0, 90.0), _bench_row("noise", "tilelang", 100.0, 90.0),
-        _bench_row("faster_graph", "tilelang", 100.0, 90.0), _bench_row("breaks", "tilelang", 100.0),
-        _bench_row("gone", "tilelang", 100.0)]))
+        _bench_row("faster_graph", "tilelang", 100.0, 90.0), _bench_row("slower_graph", "tilelang", 100.0, 90.0),
+        _bench_row("old_to_new", "tilelang", 100.0, 90.0),
+        _bench_row("within_spread", "tilelang", 100.0, 90.0, **_spread(95.0, 112.0, 88.0, 92.0)),
+        _bench_row("breaks", "tilelang", 100.0), _bench_row("gone", "tilelang", 100.0)]))
     new = write_bench(tmp_path, "new", _bench_doc([
         _bench_row("slower", "tilelang", 106.0, 90.0), _bench_row("noise", "tilelang", 104.0, 93.0),
-        _bench_row("faster_graph", "tilelang", 100.0, 80.0), _bench_row("breaks", "tilelang", None, error="boom"),
-        _bench_row("fresh", "tilelang", 1.0)],
+        _bench_row("faster_graph", "tilelang", 100.0, 80.0), _bench_row("slower_graph", "tilelang", 100.0, 150.0),
+        _bench_row("old_to_new", "tilelang", 112.0, 80.0, **_spread(108.0, 114.0, 79.0, 81.0)),
+        _bench_row("within_spread", "tilelang", 108.0, 90.0, **_spread(104.0, 113.0, 88.0, 92.0)),
+        _bench_row("breaks", "tilelang", None, error="boom"), _bench_row("fresh", "tilelang", 1.0)],
         unavailable=[{"op": "gone", "shape": "s", "impl": "tilelang", "reason": "no CUDA"}]))
     d = diff.diff_files(old, new)
     got = {c.key["op"]: c.category for c in d.changes}
-    assert got == {"slower": "regression", "faster_graph": "improvement", "breaks": "regression", "gone": "vanished",
-                   "fresh": "new"}
-    assert d.unchanged == {"bench": 1}
-    slower = next(c for c in d.changes if c.key["op"] == "slower")
-    assert slower.worse == ["eager 100.0 → 106.0 us (+6.0%)"]
-    assert next(c for c in d.changes if c.key["op"] == "gone").notes == ["NEW: not run: no CUDA"]
+    assert got == {"slower": "regression", "old_to_new": "regression", "within_spread": "regression",
+                   "breaks": "regression", "gone": "vanished", "fresh": "new"}
+    assert d.unchanged == {"bench": 3}  # noise, and the two whose graph time alone moved
+    changes = {c.key["op"]: c for c in d.changes}
+    assert changes["slower"].worse == ["eager p50 100.0 → 106.0 us (+6.0%)"] and changes["slower"].notes == []
+    assert changes["old_to_new"].notes == ["graph p50 90.0 → 80.0 us (-11.1%), not judged"]
+    assert changes["within_spread"].notes == ["NEW's eager p50 lies within OLD's p10-p90 (95.0-112.0 us)"]
+    assert changes["gone"].notes == ["NEW: not run: no CUDA"]
     md = diff.render_markdown(d)
-    assert "| slower | s | tilelang | **eager 100.0 → 106.0 us (+6.0%)** | 100.0 → 106.0 | 90.0 | 90.0 |" in md
-    # a 10% threshold lets the 6% slower eager time pass
+    assert "| slower | s | tilelang | **eager p50 100.0 → 106.0 us (+6.0%)** | 100.0 → 106.0 | - | 90.0 |" in md
+    assert "| 100.0 → 112.0 | - → 108.0-114.0 | 90.0 → 80.0 |" in md
+    assert "- counts as a change: an eager p50 time that moves by more than 5% of its old value" in md
+    # a 10% threshold lets the 6% and 8% slower eager times pass, not the 12% one
     assert {c.key["op"] for c in diff.diff_files(old, new, thresholds=diff.Thresholds(share=0.1)).changes
-            if c.category == "regression"} == {"breaks"}
+            if c.category == "regression"} == {"old_to_new", "breaks"}
 
 
 def test_bench_mapping_compares_two_tile_kernels_columns_of_one_merged_bench(tmp_path):
@@ -195,7 +209,7 @@ def test_bench_mapping_compares_two_tile_kernels_columns_of_one_merged_bench(tmp
     d = diff.diff_files(path, path, impls=diff.ImplMap("tile_kernels==1.0.0", "tile_kernels==2.1.0"))
     (change,) = d.changes
     assert change.category == "improvement" and change.key["impl"] == "tile_kernels==1.0.0 → tile_kernels==2.1.0"
-    assert change.better == ["eager 100.0 → 50.0 us (-50.0%)"]
+    assert change.better == ["eager p50 100.0 → 50.0 us (-50.0%)"]
     # each side names the run that timed its column
     assert d.old.meta["versions"]["tile-kernels"] == "1.0.0" and d.new.meta["versions"]["tile-kernels"] == "2.1.0"
     assert "- what differs: tile-kernels 1.0.0 → 2.1.0" in diff.render_markdown(d)

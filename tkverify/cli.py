@@ -379,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "unavailable ones are listed with the reason)")
     b.add_argument("-k", default=None, help="comma list of substrings: only ops whose name contains one")
     b.add_argument("--out", default="tkverify-bench", type=Path, help="output folder (default tkverify-bench)")
-    b.add_argument("--reps", default=30, type=int, help="timed repetitions per row (default 30)")
+    b.add_argument("--reps", default=30, type=int, help="timed repetitions per row (default 30); each row keeps their p10, p50 and p90, "
+                        "eager and graph")
     b.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph (device-only) timing")
     b.add_argument("--merge", nargs="+", metavar="JSON", help="join the bench.json of several runs instead of "
                    "timing (each run's tile_kernels rows become tile_kernels==<its version>)")
