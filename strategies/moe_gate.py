@@ -32,7 +32,6 @@ to promise under the ci profile).
 from __future__ import annotations
 
 import numpy as np
-import torch
 from hypothesis import strategies as st
 
 import references.moe_gate as ref
