@@ -331,8 +331,9 @@ def device_guard(device: torch.device):
 
 @functools.lru_cache(maxsize=None)
 def placeholder(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A one-element stand-in for a buffer argument a kernel does not touch in this call,
-    allocated once per (dtype, device): kernels never write it."""
+    """A one-element stand-in for a buffer argument a kernel does not touch in this call (a new zero tensor
+    each call: one cached per device could come from a CUDA graph's private pool when first made during a
+    capture, and outlive it)."""
     return torch.zeros(1, dtype=dtype, device=device)
 
 
