@@ -3,12 +3,14 @@
 #
 # For every registered op with a torch implementation, under the ci profile's settings (derandomised, no
 # shrinking) with --examples examples per op, this script
-#   * runs the differential suite's own verify (tkverify.suite.verify: the same strategy, the same layouts
-#     the torch implementation takes, hence the same draws as `pytest tests/test_differential.py` under ci)
-#     and records the example (1-based, counted as the mutant runner counts: every case drawn) at which each
-#     input class of the op's strategy is first judged (`<strategy>.classify`, strategies.classes.tagging);
+#   * runs the differential suite's own verify (tkverify.suite.judged_classes: the same strategy, the same
+#     layouts the torch implementation takes, hence the same draws as `pytest tests/test_differential.py`
+#     under ci; tests/test_classes.py counts the same draws) and records the example (1-based, the examples
+#     judged or refused counted) at which each input class of the op's strategy is first judged
+#     (`<strategy>.classify`, strategies.classes.tagging);
 #   * runs the op's mutants of the public catalogue (tkverify.mutants.run_all, --impl torch) and reads
-#     "caught after N examples";
+#     "caught after N examples" (the mutant runner counts every drawn case through a map of the strategy,
+#     which changes which cases are drawn: its figures are of its own draws);
 # and writes a table - op, examples until every listed class was seen, the slowest class, examples until
 # each mutant was caught - with the date, machine, versions and commit to --out.  The examples an op needs
 # are the larger of its two figures; the ci profile's max_examples (tkverify/profiles.py) should be at least
@@ -85,36 +87,9 @@ class OpNeeds:
         return None if any(f is None for f in figures) else max(figures, default=0)
 
 
-def first_classes(spec, impl) -> tuple[dict[str, int], int, str]:
-    """(class -> first example it was judged in, examples drawn, the first failure if any) of the
-    differential suite's run of `impl` on `spec` under the hypothesis profile in force."""
-    from tkverify import suite
-    from tkverify.mutants import _Tracker  # the mutant runner's example counter
-
-    tracker = _Tracker()
-    first: dict[str, int] = {}
-
-    def counted():
-        return spec.strategy().map(tracker.count)
-
-    counted.classify = getattr(spec.strategy, "classify", None)
-    counted.classes = getattr(spec.strategy, "classes", ())
-
-    def seen(op, impl_name, classes, paths):
-        for c in classes:
-            first.setdefault(c, tracker.drawn)
-
-    failure = ""
-    try:
-        suite.verify(dataclasses.replace(spec, strategy=counted), impl, record_coverage=seen)
-    except Exception as e:  # a disagreement of the torch implementation itself, or a skip
-        failure = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:200]
-    return first, tracker.drawn, failure
-
-
 def measure(ops: list[str] | None, examples: int) -> list[OpNeeds]:
     os.environ["TKVERIFY_CI_EXAMPLES"] = str(examples)  # read when the profiles are registered
-    from tkverify import mutants, profiles, registry
+    from tkverify import mutants, profiles, registry, suite
 
     profiles.register_profiles()
     profiles.pin_constant_pool()
@@ -127,8 +102,9 @@ def measure(ops: list[str] | None, examples: int) -> list[OpNeeds]:
         start = time.perf_counter()
         with mutants.hypothesis_profile("ci"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            first, drawn, failure = first_classes(spec, impl)
-        needs = OpNeeds(spec.name, tuple(getattr(spec.strategy, "classes", ())), first, drawn, failure)
+            judged = suite.judged_classes(spec, impl)
+        needs = OpNeeds(spec.name, tuple(getattr(spec.strategy, "classes", ())), judged.first, judged.drawn,
+                        judged.failure)
         needs.mutants = mutants.run_all([m for m in catalogue if m.op == spec.name], "torch", profile="ci")
         print(f"{spec.name}: classes until {needs.classes_until()}, mutants "
               f"{[(o.mutant.name, o.status, o.examples) for o in needs.mutants]} "
@@ -170,12 +146,13 @@ def header(examples: list[int], suite_times: list[str], seconds: float) -> list[
         f"{', '.join(map(str, examples))}; `scripts/ci-examples.py --examples {' '.join(map(str, examples))}` "
         f"({seconds / 60:.1f} min)",
         "",
-        "An example is a drawn case, counted from 1 as `tkverify mutants` counts them.  *classes*: the example",
+        "An example is a judged or refused case, counted from 1.  *classes*: the example",
         "by which every class the op's strategy lists (its spec docstring's list) has been judged at least",
         "once; *need*: the larger of that and every mutant's \"caught after N\" (— where one is not reached).",
         "The draws are the differential suite's own (`tkverify.suite.verify`, the torch implementation's",
-        "layouts); tests/test_classes.py draws the same strategies from a test function of its own, hence",
-        "other examples.",
+        "layouts, `tkverify.suite.judged_classes`), which tests/test_classes.py counts as well; a mutant's",
+        "figure counts the draws of the mutant runner, which counts cases through a map of the strategy",
+        "and so draws other cases.",
     ]
     if suite_times:
         lines += ["", "Wall time of the CI suite (`CI=true TKVERIFY_CI_EXAMPLES=N .venv/bin/python -m pytest -q "

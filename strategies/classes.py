@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from hypothesis.strategies import SearchStrategy
 
@@ -107,3 +108,15 @@ def tagging(main: str, classes: tuple[str, ...], extra: Callable[[Case], set[str
         strategy.classify = lambda case: sorted(case_classes(case, main) | (extra(case) if extra else set()))
         return strategy
     return wrap
+
+
+def in_turn(rng: np.random.Generator, shape: tuple[int, ...], fraction: float, count: int) -> np.ndarray:
+    """For each entry of an array of `shape`: -1 where it is left alone, else which of `count` choices it
+    takes.  About `fraction` of the entries, and at least min(size, count), are chosen at random places, and
+    take the choices in turn from a random one on: an array of `count` or more entries holds every choice,
+    so that each choice's class comes within few examples."""
+    size = int(np.prod(shape))
+    chosen = rng.permutation(size)[:max(round(fraction * size), min(size, count))]
+    which = np.full(size, -1)
+    which[chosen] = (np.arange(len(chosen)) + rng.integers(0, count)) % count
+    return which.reshape(shape)

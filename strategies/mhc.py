@@ -42,6 +42,7 @@ from hypothesis.strategies import SearchStrategy
 
 from strategies import rarely, seeds, torch_copy
 from strategies.classes import tagging
+from strategies.classes import in_turn
 from tkverify.case import Case
 
 M_VALUES = tuple(range(2, 9))
@@ -185,6 +186,7 @@ BF16_SUBNORMAL = 2.0**-133  # bf16's subnormal spacing
 EXTREME_WEIGHT = 2.0**-5
 
 SPLIT_FEATURES = ("saturated", "zero_u", "nonfinite", "scale_zero", "subnormal", "huge", "cancel")
+NONFINITE_VALUES = np.array([np.nan, np.inf, -np.inf])
 APPLY_FEATURES = ("extremes", "subnormal", "cancel", "zero_weights", "nonfinite")
 POST_FEATURES = ("extremes", "subnormal", "cancel", "identity_comb", "zero_comb", "zero_post", "nonfinite")
 
@@ -246,7 +248,11 @@ def pre_split_mixes_cases(draw) -> Case:
     0: inf * 0 = NaN), ``subnormal`` (mixes and base fp32 subnormals: u and the products in the
     subnormal range), ``huge`` (|mixes| ~ 2^126 with |scale| >= 2: the product overflows fp32, a
     fused multiply-add may not), ``cancel`` (base = -RN(mixes * s) in some entries: u is the
-    product's rounding error, which an fma keeps and a product-then-sum loses).
+    product's rounding error, which an fma keeps and a product-then-sum loses).  Besides the drawn
+    features, the seed decides (so that the other draws stay as they are) ``nonfinite`` in half the
+    cases, and in half ``signed_zeros`` (base entries -0.0 and +0.0 beside each other: u is mixes * s
+    exactly, and 0 of either sign where mixes * s is 0): the ci profile's few examples draw small
+    feature sets, which left the non-finite and signed-zero classes undrawn.
     """
     m, a, b, _ = draw(_mix_sizes(False))
     width = m * (m + 2)
@@ -255,13 +261,15 @@ def pre_split_mixes_cases(draw) -> Case:
     features = draw(st.sets(st.sampled_from(SPLIT_FEATURES), max_size=3))
     magnitude = 2.0 ** draw(st.integers(-4, 4))
     seed = draw(seeds())
+    decide = np.random.default_rng([seed, 9]).random(2)  # the seed decides: the other draws stay
+    features |= {name for name, u in zip(("nonfinite", "signed_zeros"), decide) if u < 0.5}
 
     rng = np.random.default_rng([seed])
     mixes = rng.standard_normal((a, b, width)) * magnitude
     scale = rng.uniform(0.25, 4.0, size=3) * rng.choice(np.array([1.0, -1.0]), size=3)
     base = rng.standard_normal(width)
     s = np.repeat(scale, [m, m, m * m])
-    for stream, name in enumerate(SPLIT_FEATURES, start=1):
+    for stream, name in enumerate(SPLIT_FEATURES + ("signed_zeros",), start=1):
         if name not in features:
             continue
         frng = np.random.default_rng([seed, stream])
@@ -276,9 +284,10 @@ def pre_split_mixes_cases(draw) -> Case:
             c = frng.integers(-8, 9, size=width) / 8.0
             mixes = np.where(where, c, mixes)
             base = np.where(cols, -c * s, base)
-        elif name == "nonfinite":
-            bad, mask = _nonfinite(frng, mixes.shape)
-            mixes = np.where(rows[..., None] & mask, bad, mixes)
+        elif name == "nonfinite":  # about a quarter of the rows' entries, each of NaN, +inf, -inf in turn
+            which = np.full(mixes.shape, -1)
+            which[rows] = in_turn(frng, mixes[rows].shape, 0.25, len(NONFINITE_VALUES))
+            mixes = np.where(which >= 0, NONFINITE_VALUES[np.maximum(which, 0)], mixes)
             if frng.random() < 0.2:
                 base[frng.integers(0, width)] = frng.choice(np.array([np.nan, np.inf, -np.inf]))
         elif name == "scale_zero":
@@ -300,6 +309,9 @@ def pre_split_mixes_cases(draw) -> Case:
                 product = (row * np.float32(s)).astype(np.float64)  # RN32(mixes * s), per entry
             base = np.where(cols & np.isfinite(product), -product, base)
             mixes = np.where(where, row, mixes)
+        elif name == "signed_zeros":  # about a quarter of base's entries, -0.0 and +0.0 in turn
+            zero = in_turn(frng, base.shape, 0.25, 2)
+            base = np.where(zero >= 0, np.where(zero == 0, -0.0, 0.0), base)
     case_inputs = {"mixes": _f32(mixes), "scale": _f32(scale), "base": _f32(base)}
     return Case(params={"m": m, "post_mult": post_mult, "pre_eps": pre_eps}, inputs=case_inputs)
 
@@ -392,13 +404,17 @@ def post_cases(draw) -> Case:
     pre_apply_mix (on x and residual, scaling post and comb); ``cancel`` (residual rows in equal
     pairs with opposite comb weights, and x equal to residual row 0 with post = -comb[0, n]: the
     exact sum is 0 for even m); ``identity_comb`` (comb = I: out_n = x post_n + residual_n),
-    ``zero_comb`` (comb entries 0 and -0), ``zero_post`` (post 0 and -0).
+    ``zero_comb`` (comb entries 0 and -0), ``zero_post`` (post 0 and -0).  Half the empty cases become a
+    single row, a = b = 1, the seed deciding (so that the other draws stay as they are): the ci
+    profile's examples draw a and b from the first sizes, many empty and none a single row.
     """
     m, a, b, h = draw(_mix_sizes(True))
     features = draw(st.sets(st.sampled_from(POST_FEATURES), max_size=3))
     magnitude = 2.0 ** draw(st.integers(-4, 4))
     kinds = draw(st.tuples(st.sampled_from((1, 2)), st.sampled_from((0, 2))))
     seed = draw(seeds())
+    if a * b == 0 and np.random.default_rng([seed, 8]).random() < 0.5:  # the seed decides: other draws stay
+        a, b = 1, 1
 
     rng = np.random.default_rng([seed])
     rows_x = _values(rng, (a, b, m + 1, h), magnitude)  # residual rows, then x as row m

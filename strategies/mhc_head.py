@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from strategies import rarely, seeds
 from strategies.mhc import PRE_EPS, _bf16, _extreme_values, _f32, _mix_sizes, _nonfinite, _rows
 from strategies.classes import tagging
+from strategies.classes import in_turn
 from tkverify.case import Case
 
 EXPAND_FEATURES = ("extremes", "subnormal", "signed_zero", "nonfinite")
@@ -67,12 +68,14 @@ def _head_values(draw, nonfinite: bool) -> Case:
     bad = draw(st.sets(st.sampled_from(HEAD_NONFINITE), min_size=1, max_size=2)) if nonfinite else set()
     magnitude = 2.0 ** draw(st.integers(-4, 4))
     seed = draw(seeds())
+    decide = np.random.default_rng([seed, 9]).random(2)  # the seed decides: the other draws stay
+    features |= {name for name, u, p in zip(("scale_zero", "signed_zeros"), decide, (0.25, 0.5)) if u < p}
 
     rng = np.random.default_rng([seed])
     mixes = rng.standard_normal((a, b, m)) * magnitude
     scale = rng.uniform(0.25, 4.0, size=1) * rng.choice(np.array([1.0, -1.0]))
     base = rng.standard_normal(m)
-    for stream, name in enumerate(HEAD_FEATURES, start=1):
+    for stream, name in enumerate(HEAD_FEATURES + ("signed_zeros",), start=1):
         if name not in features:
             continue
         frng = np.random.default_rng([seed, stream])
@@ -86,8 +89,8 @@ def _head_values(draw, nonfinite: bool) -> Case:
             c = frng.integers(-8, 9, size=m) / 8.0
             mixes = np.where(where, c, mixes)
             base = np.where(cols, -c * scale[0], base)
-        elif name == "scale_zero":
-            scale = scale * 0.0
+        elif name == "scale_zero":  # +0.0 or -0.0, whatever the drawn scale's sign
+            scale = frng.choice(np.array([0.0, -0.0]), size=1)
         elif name == "subnormal":
             mixes = np.where(where, frng.integers(-2**23, 2**23, size=mixes.shape) * 2.0**-149, mixes)
             base = np.where(cols, frng.integers(-2**10, 2**10, size=m) * 2.0**-149, base)
@@ -104,6 +107,9 @@ def _head_values(draw, nonfinite: bool) -> Case:
             mixes = np.where(where, row, mixes)
         elif name == "tiny_scale":  # mixes * scale far below 1: the mix is sigmoid(base) to fp32's precision
             scale = scale * 2.0**-60
+        elif name == "signed_zeros":  # about a quarter of base's entries, -0.0 and +0.0 in turn
+            zero = in_turn(frng, base.shape, 0.25, 2)
+            base = np.where(zero >= 0, np.where(zero == 0, -0.0, 0.0), base)
     for stream, name in enumerate(HEAD_NONFINITE, start=100):
         if name not in bad:
             continue
@@ -129,10 +135,13 @@ def head_compute_mix_cases(draw) -> Case:
     Base: mixes normal at 2^-4..2^4, scale in +-[1/4, 4], base normal, pre_eps from the mix ops'
     set (1e-6, 0, 1e-2, 1).  Features: ``saturated`` (|mixes| 400..2e4: the sigmoid exactly 0 or
     1 in fp32, its slope 0), ``zero_u`` (u exactly 0: the slope's maximum 1/4), ``scale_zero``
-    (scale 0: every u is base), ``subnormal`` (mixes and base fp32 subnormals), ``huge`` (|mixes|
+    (scale +0.0 or -0.0: every u is base), ``subnormal`` (mixes and base fp32 subnormals), ``huge`` (|mixes|
     ~ 2^126 with |scale| >= 2: the fp32 product overflows), ``cancel`` (base = -RN(mixes * scale):
     u is the product's rounding error, which an fma keeps), ``tiny_scale`` (scale ~ 2^-60: huge
-    mixes times a tiny scale).
+    mixes times a tiny scale).  Besides the drawn features, the seed decides (so that the other draws
+    stay as they are) ``scale_zero`` in one case of four, and in half ``signed_zeros`` (base entries
+    -0.0 and +0.0 beside each other: u is mixes * scale exactly, or 0 of either sign): the ci profile's
+    examples draw small feature sets, which left a scale of -0.0 and a base of -0.0 all but undrawn.
     """
     return _head_values(draw, False)
 

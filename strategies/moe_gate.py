@@ -23,6 +23,10 @@ and draws the bias from ``BIASES``:
 * ``equalising``: bias[b] = u[a] - u[b] rounded, for two experts of the first row, which makes their keys
   equal there or one float32 ULP apart.
 
+With the two kinds that make ties (``bias_tie``, ``equalising``) the seed decides, in half the cases, that
+every logit whose score is finite is replaced by distinct ones (`untied_scores`): the bias is then the
+only source of the key ties (``bias_made_tie``), which the features' own ties hide otherwise.
+
 routed_scaling_factor comes from ``SCALINGS``; E from moe.topk_gate's expert counts, k from its values
 (<= E) and k = E.  The classes beyond every float input's value classes are computed from the case's
 tensors by `gate_classes` (``nan_key``, a +inf logit on a masked expert, is tagged where drawn but too rare
@@ -100,6 +104,21 @@ def build_bias(seed: int, kind: str, logits: np.ndarray) -> np.ndarray:
     return bias
 
 
+TYING_BIASES = ("bias_tie", "equalising")
+
+
+def untied_scores(rng: np.random.Generator, logits: np.ndarray) -> np.ndarray:
+    """logits with each row's logits of finite score (all but NaN and +inf) replaced by distinct values,
+    evenly spaced over [0.2, 3] in a random order: their scores (0.89 .. 1.75) lie far more than a float32
+    ULP apart, so no two scores of a row tie, and within a factor of two of each other, so that the
+    ``equalising`` bias u[a] - u[b] is exact in float32 and makes the two keys equal."""
+    num_tokens, num_experts = logits.shape
+    spaced = np.linspace(0.2, 3.0, num_experts, dtype=np.float32)
+    distinct = spaced[np.argsort(rng.random((num_tokens, num_experts)), axis=1)]
+    keep = np.isnan(logits) | (logits == np.inf)
+    return np.where(keep, logits, distinct).astype(np.float32)
+
+
 def _float32_keys(case: Case) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         scores = ref.sqrt_softplus(case.inputs["logits"]).astype(np.float32)
@@ -152,6 +171,9 @@ def topk_gate_scored_cases(draw) -> Case:
     logits = build_scores(seed, num_tokens, num_experts, k, base, features, pinned)
     # The streams after the gate's own features (they use 1 .. len(FEATURES)).
     plant_features(logits, seed, logit_features, LOGIT_FEATURES, 1 + len(FEATURES), k)
+    rng = np.random.default_rng([seed, 101])
+    if bias_kind in TYING_BIASES and rng.random() < 0.5:  # the bias alone ties keys (the seed decides)
+        logits = untied_scores(rng, logits)
     bias = build_bias(seed, bias_kind, logits)
     return Case(params={"k": k, "routed_scaling_factor": scaling},
                 inputs={"logits": torch_copy(logits), "bias": torch_copy(bias)})

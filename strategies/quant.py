@@ -44,7 +44,7 @@ from hypothesis.strategies import SearchStrategy
 
 import references.quant as ref
 from strategies import rarely, seeds, tensor_from_bits, torch_copy
-from strategies.classes import INT_OF_WIDTH, float_bits, tagging
+from strategies.classes import INT_OF_WIDTH, float_bits, in_turn, tagging
 from tkverify import formats
 from tkverify.case import Case
 
@@ -399,7 +399,10 @@ def sf_options(draw, fmt: str) -> dict:
 
 @st.composite
 def _values(draw, shape: tuple[int, int], block: tuple[int, int], fmt: str, dtype: str, round_sf: bool,
-            clamp_min: float | None) -> tuple[np.ndarray, int]:
+            clamp_min: float | None, max_pins: int = 3) -> tuple[np.ndarray, int]:
+    """(x, its seed): x built by `build_values` from drawn block kinds and up to `max_pins` special values
+    (`special_values`: NaN, +-inf, +-0, the dtype's largest, ...) pinned at drawn places; an op whose ci
+    examples would otherwise miss the non-finite or largest-value classes asks for more pins."""
     ctx = BlockContext(fmt, dtype, round_sf, ref.clamp_min_value(fmt, clamp_min))
     kinds = draw(st.dictionaries(st.sampled_from(tuple(BLOCK_KINDS)), st.sampled_from(SPREADS), max_size=4))
     num_rows, hidden = shape
@@ -407,7 +410,7 @@ def _values(draw, shape: tuple[int, int], block: tuple[int, int], fmt: str, dtyp
     if num_rows:
         placement = st.tuples(st.integers(0, num_rows - 1), st.integers(0, hidden - 1),
                               st.integers(0, len(special_values(ctx)) - 1))
-        pinned = draw(st.lists(placement, max_size=3))
+        pinned = draw(st.lists(placement, max_size=max_pins))
     seed = draw(seeds())
     # Half the time (the seed decides, so that the other draws stay as they were) one row of zeros, where
     # there are others (a single row keeps its values for what they are drawn for).
@@ -423,28 +426,32 @@ def _num_per_channels(fmt: str, hidden: int) -> SearchStrategy[int]:
 
 
 @st.composite
-def per_token_cast_cases(draw) -> Case:
-    """Cases of per_token_cast (and of per_token_cast_with_sf_only: the same parameters)."""
+def per_token_cast_cases(draw, max_pins: int = 3) -> Case:
+    """Cases of per_token_cast (and of per_token_cast_with_sf_only: the same parameters); `max_pins` as
+    `_values` takes it."""
     fmt = draw(st.sampled_from(FORMATS))
     dtype = draw(st.sampled_from(tuple(DTYPES)))
     hidden = draw(hidden_sizes())
     npc = draw(_num_per_channels(fmt, hidden))
     options = draw(sf_options(fmt))
     num_rows = draw(token_counts(hidden))
-    x, seed = draw(_values((num_rows, hidden), (1, npc), fmt, dtype, options["round_sf"], options["clamp_min"]))
+    x, seed = draw(_values((num_rows, hidden), (1, npc), fmt, dtype, options["round_sf"], options["clamp_min"],
+                           max_pins))
     return Case(params={"fmt": fmt, "num_per_channels": npc, **options},
                 inputs={"x": cast_input(x, dtype, seed)})
 
 
 @st.composite
-def per_block_cast_cases(draw) -> Case:
+def per_block_cast_cases(draw, max_pins: int = 3) -> Case:
+    """Cases of per_block_cast; `max_pins` as `_values` takes it."""
     fmt = draw(st.sampled_from(("e4m3", "e2m1")))
     dtype = draw(st.sampled_from(tuple(DTYPES)))
     bm, bk = draw(st.sampled_from(PER_BLOCK_SIZES))
     hidden = draw(st.sampled_from([h for h in (*HIDDEN_SIZES, 384) if h % bk == 0]))
     options = draw(sf_options(fmt))
     num_rows = draw(token_counts(hidden, bm))
-    x, seed = draw(_values((num_rows, hidden), (bm, bk), fmt, dtype, options["round_sf"], options["clamp_min"]))
+    x, seed = draw(_values((num_rows, hidden), (bm, bk), fmt, dtype, options["round_sf"], options["clamp_min"],
+                           max_pins))
     return Case(params={"fmt": fmt, "block": [bm, bk], **options},
                 inputs={"x": cast_input(x, dtype, seed)})
 
@@ -457,7 +464,8 @@ def per_channel_cast_cases(draw) -> Case:
     hidden = draw(st.sampled_from(CHANNEL_HIDDEN_SIZES + (CHANNEL_ODD_HIDDEN_SIZES if fmt == "e4m3" else ())))
     options = draw(sf_options(fmt))
     num_rows = draw(token_counts(hidden, npt))
-    x, seed = draw(_values((num_rows, hidden), (npt, 1), fmt, dtype, options["round_sf"], options["clamp_min"]))
+    x, seed = draw(_values((num_rows, hidden), (npt, 1), fmt, dtype, options["round_sf"], options["clamp_min"],
+                           max_pins=6))  # its ci examples reach +-inf with more pins
     return Case(params={"fmt": fmt, "num_per_tokens": npt, **options},
                 inputs={"x": cast_input(x, dtype, seed)})
 
@@ -479,6 +487,12 @@ def _saturation_targets(fmt: str) -> np.ndarray:
 SF_SPECIALS = (0.0, np.inf, np.nan, 2.0**-149, 2.0**-127, 2.0**127)
 
 
+def with_special_sf(rng: np.random.Generator, sf: np.ndarray, specials: tuple[float, ...]) -> np.ndarray:
+    """sf with about 30% of its entries (every special at least once, where sf has room) special values."""
+    which = in_turn(rng, sf.shape, 0.3, len(specials))
+    return np.where(which >= 0, np.array(specials)[np.maximum(which, 0)], sf)
+
+
 @st.composite
 def given_sf(draw, params: dict, x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """A precomputed sf for x cut into `block`, stored as params' sf flags ask (row-major): the oracle's, or
@@ -489,19 +503,22 @@ def given_sf(draw, params: dict, x: torch.Tensor, block: tuple[int, int]) -> tor
     exact = ref.exact_scales(x64, fmt, block, params["round_sf"], params["clamp_min"])
     sf = ref.stored_scales(exact)
     rng = np.random.default_rng(draw(seeds()))
-    if draw(st.booleans()) and sf.size:  # move some blocks' sf towards saturation
+    # The seed decides (as for the special values below): move some blocks' sf towards saturation, in 3
+    # cases of 4, every target where sf has room.
+    if rng.random() < 0.75 and sf.size:
         amax = np.maximum(ref.block_amax(x64, block), ref.clamp_min_value(fmt, params["clamp_min"]))
-        moved = rng.random(sf.shape) < 0.5
-        targets = _saturation_targets(fmt)[rng.integers(0, 8, size=sf.shape)]
+        targets = _saturation_targets(fmt)
+        which = in_turn(rng, sf.shape, 0.5, len(targets))  # every target, where sf has room
         with np.errstate(invalid="ignore"):
-            new = amax / targets
+            new = amax / targets[np.maximum(which, 0)]
         if params["round_sf"]:
             new = ref.power_of_two_at_least(new, 1.0, new)
-        sf = np.where(moved & np.isfinite(new), ref.stored_scales(new), sf)
-    if draw(rarely(st.just(False), st.just(True), one_in=5)) and sf.size:  # special values
-        specials = np.array(SF_SPECIALS if not params["use_ue8m0"] else (np.nan, 2.0**-127, 2.0**127))
-        hit = rng.random(sf.shape) < 0.3
-        sf = np.where(hit, specials[rng.integers(0, len(specials), size=sf.shape)], sf)
+        sf = np.where((which >= 0) & np.isfinite(new), ref.stored_scales(new), sf)
+    # Special values in every other case, the seed deciding: the ci profile's examples repeat the other
+    # draws of a case more often than its seed, and an fp32 sf's NaN, inf, subnormal and zero classes have
+    # only the cases the ue8m0 storages (codes without float classes) leave them.
+    if rng.random() < 0.5 and sf.size:
+        sf = with_special_sf(rng, sf, SF_SPECIALS if not params["use_ue8m0"] else (np.nan, 2.0**-127, 2.0**127))
         if not params["use_ue8m0"] and rng.random() < 0.5:  # a block row whose every sf is 0 (ue8m0 has no 0)
             sf[int(rng.integers(0, sf.shape[0]))] = 0.0
     return ref.store_sf(sf, use_ue8m0=params["use_ue8m0"], use_packed_ue8m0=params["use_packed_ue8m0"])
@@ -510,7 +527,7 @@ def given_sf(draw, params: dict, x: torch.Tensor, block: tuple[int, int]) -> tor
 @st.composite
 def precomputed_sf_cases(draw) -> Case:
     """Cases of per_token_cast_with_precomputed_sf: x, and a `given_sf`."""
-    case = draw(per_token_cast_cases())
+    case = draw(per_token_cast_cases(max_pins=6))  # its ci examples reach the dtype's largest with more pins
     params, x = case.params, case.inputs["x"]
     sf = draw(given_sf(params, x, (1, params["num_per_channels"])))
     return Case(params={"fmt": params["fmt"], "num_per_channels": params["num_per_channels"]},
@@ -574,10 +591,8 @@ def cast_back_cases(draw) -> Case:
     codes = _random_codes(rng, (num_rows, hidden), fmt)
     rows, cols = ref.sf_grid(num_rows, hidden, block)
     sf = _random_sf(rng, (rows, cols), sf_kind)
-    if draw(rarely(st.just(False), st.just(True), one_in=5)) and sf.size:
-        specials = np.array(SF_SPECIALS if storage == "fp32" else (np.nan, 2.0**-127, 2.0**127))
-        hit = rng.random(sf.shape) < 0.3
-        sf = np.where(hit, specials[rng.integers(0, len(specials), size=sf.shape)], sf)
+    if draw(rarely(st.just(False), st.just(True), one_in=2)) and sf.size:  # special values, every other case
+        sf = with_special_sf(rng, sf, SF_SPECIALS if storage == "fp32" else (np.nan, 2.0**-127, 2.0**127))
     stored = ref.store_sf(sf, use_ue8m0=storage != "fp32", use_packed_ue8m0=storage == "packed")
     out_dtype = draw(st.sampled_from(("bf16", "fp32")))
     return Case(params={"fmt": fmt, "block": list(block), "out_dtype": out_dtype},
@@ -600,8 +615,15 @@ def _near(rng: np.random.Generator, value: float, shape, dtype: str) -> np.ndarr
 
 
 def build_swiglu_x(seed: int, num_rows: int, hidden: int, dtype: str, clamp: float | None,
-                   features: dict[str, str]) -> np.ndarray:
+                   features: dict[str, str], nonfinite_share: float = 0.0) -> np.ndarray:
+    """x (num_rows, 2 * hidden) in the dtype: normal values at a random scale a row, with each of `features`
+    (`SWIGLU_FEATURES`, each with its spread of rows) planted in some rows.  In `nonfinite_share` of the cases
+    that lack ``nonfinite`` the seed adds it in one row (the seed decides, not a draw, so that the rest of
+    what hypothesis draws for the case stays as it was: the ci profile's few examples seldom draw that one
+    feature among the others); a case with it holds NaN, +inf and -inf each at least once where x has room."""
     rng = np.random.default_rng(seed)
+    if "nonfinite" not in features and np.random.default_rng([seed, 5]).random() < nonfinite_share:
+        features = {**features, "nonfinite": "one"}
     x = rng.standard_normal((num_rows, 2 * hidden)) * np.exp2(rng.uniform(-6, 6, size=(num_rows, 1)))
     x = round_to_dtype(x, dtype)
     for name in SWIGLU_FEATURES:
@@ -618,10 +640,12 @@ def build_swiglu_x(seed: int, num_rows: int, hidden: int, dtype: str, clamp: flo
             part[left] = -round_to_dtype(rng.uniform(80, 120, size=part.shape), dtype)[left]
             part[:, hidden:] *= np.exp2(rng.uniform(0, 120))
             part[:] = round_to_dtype(part, dtype)
-        elif name == "nonfinite":
+        elif name == "nonfinite":  # one in each chosen row, and NaN, +inf and -inf in turn at 3 places
+            which = in_turn(rng, part.shape, 0.0, 3)
             one = np.zeros(part.shape, bool)
             one[np.arange(len(part)), rng.integers(0, 2 * hidden, size=len(part))] = True
-            part[one] = np.array([np.nan, np.inf, -np.inf])[rng.integers(0, 3, size=int(one.sum()))]
+            which = np.where(one & (which < 0), rng.integers(0, 3, size=part.shape), which)
+            part[which >= 0] = np.array([np.nan, np.inf, -np.inf])[which[which >= 0]]
         elif name == "zeros":
             part[mask] = 0.0
         elif name == "subnormal":
@@ -650,7 +674,7 @@ def swiglu_cases(draw) -> Case:
             clamp = draw(st.sampled_from([c for c in SWIGLU_CLAMPS if c is not None]))
         features.setdefault("at_clamp", draw(st.sampled_from(SPREADS)))
     seed = draw(seeds())
-    x = build_swiglu_x(seed, num_rows, hidden, dtype, clamp, features)
+    x = build_swiglu_x(seed, num_rows, hidden, dtype, clamp, features, nonfinite_share=1 / 3)
     tie_rng = np.random.default_rng([seed, 3])
     if num_rows and tie_rng.random() < 0.5:  # -0.0 beside +0.0 in one row (l or r): each code keeps its sign
         row, col = int(tie_rng.integers(0, num_rows)), int(tie_rng.integers(0, 2 * hidden - 1))

@@ -52,7 +52,7 @@ def per_channel_cast_and_transpose_cases(draw) -> Case:
     options = draw(sq.sf_options("e4m3"))
     num_rows = draw(sq.token_counts(hidden, npt))
     x, seed = draw(sq._values((num_rows, hidden), (npt, 1), "e4m3", dtype, options["round_sf"],
-                              options["clamp_min"]))
+                              options["clamp_min"], max_pins=6))  # its ci examples reach -inf with more pins
     return Case(params={"fmt": "e4m3", "num_per_tokens": npt, **options}, inputs={"x": sq.cast_input(x, dtype, seed)})
 
 

@@ -72,8 +72,10 @@ def _features(draw) -> dict[str, str]:
                                 max_size=3))
 
 
-def _x_values(draw, seed: int, num_rows: int, hidden: int, dtype: str, clamp, features) -> np.ndarray:
-    x = build_swiglu_x(seed, num_rows, hidden, dtype, clamp, features)
+def _x_values(draw, seed: int, num_rows: int, hidden: int, dtype: str, clamp, features,
+              nonfinite_share: float = 0.0) -> np.ndarray:
+    """x with `features` and this module's extras planted; `nonfinite_share` as `build_swiglu_x` takes it."""
+    x = build_swiglu_x(seed, num_rows, hidden, dtype, clamp, features, nonfinite_share)
     _plant_extras(x, hidden, dtype, features, seed)
     if "padding" in features and num_rows:
         # padding rows are never read: a NaN planted anywhere must change nothing there
@@ -90,7 +92,7 @@ def swiglu_cases(draw) -> Case:
     clamp = draw(st.sampled_from(SWIGLU_CLAMPS))
     features = _features(draw)
     seed = draw(seeds())
-    x = _x_values(draw, seed, num_rows, hidden, dtype, clamp, features)
+    x = _x_values(draw, seed, num_rows, hidden, dtype, clamp, features, nonfinite_share=1 / 3)
     inputs = {"x": cast_input(x, dtype, draw(nan_payload_seeds()))}
     inputs.update(_routing(draw, np.random.default_rng(seed + 1), num_rows, features))
     fmt = draw(st.sampled_from(OUT_FORMATS))

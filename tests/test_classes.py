@@ -1,9 +1,12 @@
-"""Every input class a strategy lists is drawn under the ci profile.
+"""Every input class a strategy lists is reached by the differential suite's own draws under the ci profile.
 
 Each strategy of the quant, moe, transpose and mhc families tags its cases with their input classes
 (its ``classify``, `strategies.classes.tagging`; the suite tags each judged case with
-``hypothesis.event("class: <name>")``) and lists the classes it reaches (its ``classes``).  Here each op's strategy runs under the ci profile's settings on the CPU; a listed
-class with no example fails, and so does a listed class the family's spec docstring does not name.
+``hypothesis.event("class: <name>")``) and lists the classes it reaches (its ``classes``).  Here the
+differential suite's verify runs each op's torch implementation under the ci profile on the CPU
+(`tkverify.suite.judged_classes`: the same test function, strategy and layouts, hence the same derandomised
+examples as ``pytest tests/test_differential.py`` under ci); a listed class no judged example has fails, and so
+does a listed class the family's spec docstring does not name.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ import collections
 import importlib
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import settings
 
-from tkverify import coverage, profiles, registry
+from tkverify import mutants, registry, suite
 
 FAMILIES = ("quant", "moe", "transpose", "mhc")
 
@@ -25,19 +28,14 @@ def tagged_specs() -> list[registry.OpSpec]:
             if s.name.split(".")[0] in FAMILIES and getattr(s.strategy, "classes", None)]
 
 
-def ci_class_counts(spec: registry.OpSpec) -> collections.Counter:
-    """Examples per tagged input class of `spec`'s strategy under the ci profile's settings."""
-    profiles.register_profiles()
-    profiles.pin_constant_pool()  # draws that do not depend on what this process imported before
-    counts: collections.Counter = collections.Counter()
-
-    @settings(settings.get_profile("ci"))
-    @given(case=spec.strategy())
-    def draw(case):
-        counts.update(set(coverage.drawn_classes()) | set(spec.strategy.classify(case)))
-
-    draw()
-    return counts
+def ci_judged_classes(spec: registry.OpSpec) -> suite.JudgedClasses:
+    """The input classes of the examples the differential suite judges of `spec`'s torch implementation
+    under the ci profile (without its shrink phase: a disagreement is test_differential's to shrink)."""
+    impl = spec.impls.get("torch")
+    if impl is None or impl.unavailable_reason():
+        pytest.skip(f"{spec.name} has no torch implementation here")
+    with mutants.hypothesis_profile("ci"):
+        return suite.judged_classes(spec, impl)
 
 
 def test_every_family_tags():
@@ -47,9 +45,25 @@ def test_every_family_tags():
 
 @pytest.mark.parametrize("spec", tagged_specs(), ids=lambda s: s.name)
 def test_listed_classes_are_drawn(spec):
-    counts = ci_class_counts(spec)
-    missing = [c for c in spec.strategy.classes if not counts[c]]
-    assert not missing, f"{spec.name}: no example of {missing} under the ci profile (drawn: {dict(counts)})"
+    judged = ci_judged_classes(spec)
+    missing = [c for c in spec.strategy.classes if not judged.counts[c]]
+    stopped = f"; the run stopped at {judged.failure}" if judged.failure else ""
+    assert not missing, (f"{spec.name}: no judged example of {missing} in the suite's {judged.drawn} ci draws "
+                         f"(judged: {dict(judged.counts)}){stopped}")
+
+
+def test_judged_classes_are_the_suites_draws():
+    """judged_classes counts the examples test_differential judges: the classes `tkverify.suite.verify`
+    hands its coverage recorder (what the report's "Input classes drawn" table counts), example for example.
+    mhc.post is one of the ops whose draws a counting ``map`` of the strategy changes."""
+    spec = registry.get("mhc.post")
+    impl = spec.impls["torch"]
+    recorded: list[str] = []
+    with mutants.hypothesis_profile("ci"):
+        suite.verify(spec, impl, record_coverage=lambda op, impl_name, classes, paths: recorded.extend(classes))
+    judged = ci_judged_classes(spec)
+    assert judged.counts == collections.Counter(recorded)
+    assert judged.drawn == settings.get_profile("ci").max_examples
 
 
 @pytest.mark.parametrize("spec", tagged_specs(), ids=lambda s: s.name)

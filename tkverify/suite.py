@@ -9,6 +9,7 @@ that search for the worst case (`tkverify.profiles.targets`: fuzz, worst) each o
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import time
 
@@ -89,6 +90,51 @@ def verify(spec: registry.OpSpec, impl: registry.Impl, *, case_dir=None, record=
 
     run()
     tally.finish()
+
+
+@dataclasses.dataclass
+class JudgedClasses:
+    """The input classes of the examples the differential suite judged for one (op, implementation)."""
+
+    first: dict[str, int]  # class -> the first example (1-based, judged and refused ones counted) judged with it
+    counts: collections.Counter  # class -> the judged examples with it
+    drawn: int  # the examples judged or refused
+    failure: str = ""  # the implementation's first disagreement or error (the run stops there); "" if none
+
+
+def judged_classes(spec: registry.OpSpec, impl: registry.Impl) -> JudgedClasses:
+    """The input classes of every example `verify` judges of `impl` on `spec` under the hypothesis profile
+    in force: the same strategy, layouts and test function as the differential suite, hence (under a
+    derandomised profile) the same draws as ``pytest tests/test_differential.py``.  The strategy is left
+    untouched (even a ``map`` that only counts adds a span to each example, and hypothesis' mutations of
+    later examples follow the spans: the draws would change); an example is counted when it is judged or
+    refused.  A disagreement of the implementation ends the run and is returned as `JudgedClasses.failure`."""
+    from hypothesis.control import _current_build_context
+
+    judged = JudgedClasses({}, collections.Counter(), 0)
+    running = [None]  # the hypothesis build context of the example counted last
+
+    def count_example():
+        context = _current_build_context.value
+        if context is not running[0]:
+            running[0] = context
+            judged.drawn += 1
+
+    def seen(op, impl_name, classes, paths):
+        count_example()
+        judged.counts.update(classes)
+        for c in classes:
+            judged.first.setdefault(c, judged.drawn)
+
+    def refused(op, impl_name, reason, seconds):
+        count_example()
+
+    try:
+        verify(spec, impl, record_coverage=seen, record_unsupported=refused)
+    except Exception as e:  # the shrunk (or, without a shrink phase, the first) failing case
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        judged.failure = f"{type(e).__name__}: {first_line}"[:200]
+    return judged
 
 
 def test_differential(tk_op_impl, tk_state):
