@@ -405,6 +405,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(claims/<impl>.toml) against a report (exit 1 on a row beyond its claim, 2 on bad input)")) \
         .set_defaults(func=claims.main)
 
+    # Kernel-path reach measured without a GPU (tkverify/dry_run.py): the options live beside it.
+    from tkverify import dry_run
+    dry_run.configure_parser(with_load(sub.add_parser(
+        "coverage", help="the shipped TileLang configurations and boundary classes the examples reach, measured "
+        "on the CPU with the launches stubbed (exit 1 on a gap)"))).set_defaults(func=dry_run.main)
+
     # Mutation testing (tkverify/mutants): the options live beside the runner.
     from tkverify import mutants
     mutants.configure_parser(with_load(sub.add_parser(
