@@ -12,10 +12,14 @@ in-place buffer (swiglu's clamped_count) included.
 The same tables judge both implementations of a function: the eager one
 (kernels/torch/<family>.py) on this machine's devices, and the TileLang
 wrapper (kernels/<family>.py), whose contract is to raise the same errors
-for the same bad arguments.  Without CUDA the wrappers still run here: they
-apply the eager checks first, so every spoiled call gets the eager error,
-and a valid call on the CPU is refused with an error naming the tensor that
-must be on a CUDA device.  On a CUDA machine the valid call also runs.
+for the same bad arguments, but for the rows `VALUE_CHECKED` names: those
+are refused by reading tensor values back to the host, which only the eager
+implementations do (the wrappers never synchronise with the device); the
+GPU tests there check what the wrappers give instead.  Without CUDA the
+wrappers still run here: they apply the eager metadata checks first, so
+every other spoiled call gets the eager error, and a valid call on the CPU
+is refused with an error naming the tensor that must be on a CUDA device.
+On a CUDA machine the valid call also runs.
 
 Which functions: every implementation (forward and backward) the registry
 declares, and every other public callable of the kernels modules, so a new
@@ -529,7 +533,35 @@ def _expect(bad: Bad, raised: pytest.ExceptionInfo) -> None:
                                                           f"{bad.arg!r}: {message}"
 
 
+# -- the rows only the eager implementations refuse -------------------------------------------------------
+#
+# These spoiled calls are refused by checking tensor VALUES, which on CUDA means reading them back to the host
+# (a device sync).  The TileLang wrappers check metadata alone and never synchronise (tests/test_sync_gpu.py);
+# for them such an input is outside the contract: no error, nothing read or written out of bounds, and the
+# answer the contract gives (docs/contract/quant.md, quant_swiglu.md, quant_layout.md): an index outside its
+# range makes its row a padding row (-1), an x_sf the lossless cast refuses makes its out block NaN.
+
+_SWIGLU_POS_ROWS = ("pos-past-the-slots", "pos-below-minus-one")
+_LOSSLESS_SF_ROWS = ("x_sf-not-a-power-of-two", "x_sf-zero", "x_sf-negative", "x_sf-inf", "x_sf-below-2^-127",
+                     "x_sf-spread-past-2^14", "ue8m0-out-sf-below-2^-127")
+# key -> (the rows refused by value, the index argument: None where the values are x_sf's)
+VALUE_CHECKED = {
+    "quant.swiglu_forward_and_per_token_cast": (_SWIGLU_POS_ROWS, "pos_to_token_topk"),
+    "quant_swiglu.swiglu": (_SWIGLU_POS_ROWS, "pos_to_token_topk"),
+    "quant_swiglu.swiglu_bwd": (_SWIGLU_POS_ROWS, "pos_to_token_topk"),
+    "quant_swiglu.swiglu_backward_and_per_token_cast": (_SWIGLU_POS_ROWS, "pos_to_token_topk"),
+    "quant_layout.per_channel_cast_fused": (("pos-at-T", "pos-below-minus-one"), "pos_to_token"),
+    "quant_layout.per_block_cast_lossless": (_LOSSLESS_SF_ROWS, None),
+}
+
+
+def _value_checked(key: str, bad: Bad) -> bool:
+    return bad.id in VALUE_CHECKED.get(key, ((), None))[0]
+
+
 CASES = [pytest.param(key, bad, id=f"{key}-{bad.id}") for key, table in TABLES.items() for bad in table.bads()]
+TILELANG_CASES = [p for p in CASES if not _value_checked(*p.values)]
+VALUE_CASES = [p for p in CASES if _value_checked(*p.values)]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -571,7 +603,7 @@ def test_eager_function_refuses_bad_input(key, bad, device):
     _run_bad("torch", key, bad, _device(device))
 
 
-@pytest.mark.parametrize("key, bad", CASES)
+@pytest.mark.parametrize("key, bad", TILELANG_CASES)
 def test_tilelang_wrapper_refuses_bad_input_before_the_device_check(key, bad):
     """On CPU tensors: the wrappers apply the eager checks first, so they give the eager error."""
     _run_bad("tilelang", key, bad, torch.device("cpu"))
@@ -589,7 +621,7 @@ def test_tilelang_wrapper_refuses_cpu_tensors(key):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("key, bad", CASES)
+@pytest.mark.parametrize("key, bad", TILELANG_CASES)
 def test_tilelang_wrapper_refuses_bad_input_on_cuda(key, bad):
     device = _device("cuda")
     if importlib.util.find_spec("tilelang") is None:
@@ -605,6 +637,95 @@ def test_tilelang_wrapper_runs_the_valid_call_on_cuda(key):
         pytest.skip("the TileLang kernels need the module 'tilelang', which is not installed")
     table = TABLES[key]
     _call(table, _function("tilelang", key), _on(device, table.base()))
+
+
+def test_value_checked_rows_exist():
+    """Every row VALUE_CHECKED names is a row of its table (a renamed row would drop out silently)."""
+    for key, (ids, _) in VALUE_CHECKED.items():
+        assert set(ids) <= {bad.id for bad in TABLES[key].bads()}, key
+    assert len(VALUE_CASES) == sum(len(ids) for ids, _ in VALUE_CHECKED.values())
+
+
+def _cuda_tilelang(key: str) -> Callable[..., Any]:
+    _device("cuda")
+    if importlib.util.find_spec("tilelang") is None:
+        pytest.skip("the TileLang kernels need the module 'tilelang', which is not installed")
+    return _function("tilelang", key)
+
+
+def _index_bound(key: str, args: dict[str, Any]) -> int | None:
+    """The end of an index's range: T * K for the swiglu paths (None without weights), T for the fused cast."""
+    if key == "quant_layout.per_channel_cast_fused":
+        return args["x"].shape[0]
+    return args["topk_weights"].numel() if args.get("topk_weights") is not None else None
+
+
+def _as_the_contract_reads_it(key: str, args: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """(a copy of args with the out-of-contract values replaced by what the TileLang contract treats them as,
+    the rows that become padding rows).  An index below -1 or at or past its bound becomes -1; the lossless
+    tables have one out block, so any refused x_sf makes all of it NaN, as an all-NaN x_sf does."""
+    _, index = VALUE_CHECKED[key]
+    repaired = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    if index is None:
+        repaired["x_sf"] = torch.full_like(args["x_sf"], float("nan"))
+        return repaired, None
+    pos, bound = args[index], _index_bound(key, args)
+    outside = (pos < -1) | ((pos >= bound) if bound is not None else torch.zeros_like(pos, dtype=torch.bool))
+    repaired[index] = torch.where(outside, -1, pos)
+    return repaired, outside
+
+
+def _outputs(result: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def _assert_bitwise(got: Any, want: Any, what: str) -> None:
+    for i, (g, w) in enumerate(zip(_outputs(got), _outputs(want), strict=True)):
+        assert g.shape == w.shape and g.dtype == w.dtype, f"{what}: output {i}"
+        assert torch.equal(g.reshape(-1).view(torch.uint8), w.reshape(-1).view(torch.uint8)), f"{what}: output {i}"
+
+
+def _assert_out_of_contract_call(key: str, args: dict[str, Any]) -> None:
+    """The TileLang wrapper runs args without error and gives the answer of the in-contract call the TileLang
+    contract equates it with, bit for bit (clamped_count included); the rows made padding are zero."""
+    table, fn = TABLES[key], _cuda_tilelang(key)
+    repaired, padding = _as_the_contract_reads_it(key, args)
+    got = _call(table, fn, args)
+    torch.cuda.synchronize()  # an access out of bounds would surface here
+    _assert_bitwise(got, _call(table, fn, repaired), key)
+    if "clamped_count" in args and args["clamped_count"] is not None:
+        assert torch.equal(args["clamped_count"], repaired["clamped_count"])
+    if padding is not None:  # the first output holds the rows (y, the gradient, the codes)
+        rows = _outputs(got)[0][padding].reshape(-1)
+        assert padding.any() and rows.numel()
+        magnitudes = rows.view(torch.uint8) & 0x7F if rows.element_size() == 1 else rows.abs()  # +-0 agree
+        assert not magnitudes.any(), f"{key}: a padding row is not zero"
+    else:
+        for out in _outputs(got):
+            nan = out.view(torch.uint8) == 0xFF if out.dtype == torch.uint8 else torch.isnan(out.float())
+            assert nan.all(), f"{key}: the refused block is not NaN"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key, bad", VALUE_CASES)
+def test_tilelang_wrapper_runs_a_value_the_contract_leaves_out(key, bad):
+    """A row only the eager implementation refuses (it reads values back): the TileLang wrapper raises nothing,
+    stays in bounds, and gives the contract's answer (a padding row, or a NaN out block)."""
+    device = _device("cuda")
+    args = _on(device, TABLES[key].base())
+    bad.change(args, _foreign(device))
+    _assert_out_of_contract_call(key, args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", [k for k, (_, index) in VALUE_CHECKED.items() if index is not None])
+def test_tilelang_wrapper_bounds_a_far_index(key):
+    """An index far past its range (an unchecked read there faults) is a padding row too."""
+    args = _on(_device("cuda"), TABLES[key].base())
+    index = VALUE_CHECKED[key][1]
+    args[index] = args[index].clone()
+    args[index][0] = 2**31 - 1
+    _assert_out_of_contract_call(key, args)
 
 
 def test_swiglu_writes_clamped_count_on_a_valid_call():

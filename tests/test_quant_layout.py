@@ -289,3 +289,26 @@ def test_weight_sf_bad_arguments(kwargs, error, match):
     args = {"sf": torch.ones(2, 3), **kwargs}
     with pytest.raises(error, match=match):
         eager.batched_transpose_weight_sf(**args)
+
+
+@pytest.mark.parametrize("refused", [3.0, 0.0, -1.0, float("inf"), 2.0**-128, 2.0**-18])
+def test_lossless_out_sf_is_nan_on_a_refused_block(refused):
+    """The out sf the TileLang wrapper uses (computed on the device, nothing read back): a block the contract
+    refuses is NaN, the others are 2^-6 times their largest input sf; the flags refuse it for the eager cast."""
+    in_sf = torch.pow(2.0, torch.tensor([[0.0, -2.0, 1.0, 3.0], [2.0, -1.0, 0.0, 1.0]]))
+    in_sf[1, 2] = refused
+    out_sf, refusals = eager._lossless_out_sf(in_sf, (1, 32), (1, 64), use_ue8m0=False)
+    assert out_sf[0].tolist() == [2.0**-6 * 1.0, 2.0**-6 * 8.0] and out_sf[1, 0].item() == 2.0**-6 * 4.0
+    assert torch.isnan(out_sf[1, 1]) and refusals.any()
+    with pytest.raises(ValueError, match="^x_sf"):
+        eager._check_lossless_refusals(refusals)
+
+
+def test_gather_rows_takes_an_index_outside_the_tokens_for_padding():
+    """The fused cast's gather (shared with the TileLang wrapper, which reads no index back): an index below -1
+    or at or past T gives a zero row, as -1 does; nothing is read out of bounds."""
+    values = torch.arange(1.0, 7.0).reshape(3, 2)
+    pos = torch.tensor([2, -1, 3, -5, 0, 2**31 - 1], dtype=torch.int32)
+    assert eager._gather_rows(values, pos).tolist() == [[5, 6], [0, 0], [0, 0], [0, 0], [1, 2], [0, 0]]
+    with pytest.raises(ValueError, match="^pos_to_token"):
+        eager._check_pos_to_token_values(pos, 3)

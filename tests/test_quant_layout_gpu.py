@@ -45,13 +45,34 @@ def test_lossless_kernel_every_configuration(config, num_rows):
     _judge(LOSSLESS, case)
 
 
-def test_lossless_kernel_refuses_what_the_contract_refuses():
+@pytest.mark.parametrize("refused, use_ue8m0", [(3.0, False), (0.0, False), (-1.0, False), (float("inf"), False),
+                                               (2.0**-128, False), (2.0**-18, False), (2.0**-122, True)], ids=str)
+def test_lossless_kernel_makes_a_refused_out_block_nan(refused, use_ue8m0):
+    """An input sf the contract refuses is not checked by the TileLang wrapper (no read back): its out block
+    comes out NaN (sf and every code), and every other block is the valid call's, bit for bit."""
     from kernels.quant.lossless import per_block_cast_lossless
 
-    x = torch.zeros(1, 16, dtype=torch.int8, device="cuda")
-    with pytest.raises(ValueError, match="x_sf"):
-        per_block_cast_lossless(x, torch.tensor([[1.0, 2.0**-15]], device="cuda"), x_block_size=(1, 16),
-                                out_block_size=(32, 32))
+    g = torch.Generator().manual_seed(11)
+    x = torch.randint(-128, 128, (4, 128), dtype=torch.int8, generator=g).cuda()  # T = 4, H = 256
+    valid = torch.pow(2.0, torch.randint(-3, 4, (4, 8), generator=g).double()).float().cuda()
+    spoiled = valid.clone()
+    # out block (1, 1) covers the input sf [1, 4:8]
+    if use_ue8m0:  # all four 2^-122: the out sf 2^-128, below the least ue8m0
+        spoiled[1, 4:] = refused
+    else:
+        spoiled[1, 5] = refused
+    kwargs = {"x_block_size": (1, 32), "out_block_size": (1, 128), "use_ue8m0": use_ue8m0}
+    want_data, want_sf = per_block_cast_lossless(x, valid, **kwargs)
+    data, sf = per_block_cast_lossless(x, spoiled, **kwargs)
+    torch.cuda.synchronize()
+    nan_sf = (sf == 0xFF) if use_ue8m0 else torch.isnan(sf)
+    assert nan_sf[1, 1] and nan_sf.sum() == 1
+    assert torch.isnan(data[1, 128:].float()).all()
+    keep = torch.ones(4, 2, dtype=torch.bool, device="cuda")
+    keep[1, 1] = False
+    assert torch.equal(sf[keep].view(torch.uint8), want_sf[keep].view(torch.uint8))
+    elements = keep.repeat_interleave(128, dim=1)
+    assert torch.equal(data[elements].view(torch.uint8), want_data[elements].view(torch.uint8))
 
 
 @checks

@@ -218,6 +218,22 @@ def test_bad_arguments_are_refused_by_name(call, error, name):
         call()
 
 
+def test_only_the_eager_functions_read_the_index_range():
+    """The metadata checks the TileLang wrappers share accept an index outside [-1, T*K) (reading it would
+    synchronise with the device); the eager functions refuse it (the kernels treat it as a padding row:
+    tests/test_bad_inputs.py's GPU tests)."""
+    from kernels.torch import quant as q
+
+    w = torch.ones(2, 2)
+    pos = torch.tensor([0, 4, -2, 2**31 - 1], dtype=torch.int32)
+    assert impl._check_swiglu_args(torch.ones(4, 8), "bf16", w, pos, None) == (4, None)
+    for call in (lambda: impl.swiglu(torch.ones(4, 8), topk_weights=w, pos_to_token_topk=pos),
+                 lambda: q.swiglu_forward_and_per_token_cast(torch.ones(4, 32), "e4m3", 16, topk_weights=w,
+                                                             pos_to_token_topk=pos)):
+        with pytest.raises(ValueError, match="^pos_to_token_topk values"):
+            call()
+
+
 def test_empty_batches():
     assert impl.swiglu(torch.ones(0, 8)).shape == (0, 4)
     assert impl.swiglu_bwd(torch.ones(0, 4), torch.ones(0, 8)).shape == (0, 8)

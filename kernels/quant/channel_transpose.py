@@ -9,7 +9,9 @@ more round trip through memory than a fused kernel's would (5 bytes per bf16 ele
 
 per_channel_cast_fused: the cast_back kernel (fp32 out) where x is quantised, the row gather by
 pos_to_token in torch (index_select), then the per-channel cast: two more passes over the values than a
-fused kernel makes.
+fused kernel makes.  Nothing is read back to the host: pos_to_token's range is not checked here (the eager
+function checks it), and the gather bounds each index on the device, an index outside [0, T) giving a
+zero row as -1 does.
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ def per_channel_cast_fused(x: torch.Tensor, x_sf: torch.Tensor | None = None, fm
                            clamp_min: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(data e4m3 (N, H), sf); see kernels/torch/quant_layout.py.  A composition: the TileLang cast_back (fp32)
     where x is quantised, the row gather in torch (no kernel of ours gathers rows by pos_to_token), the
-    TileLang per-channel cast."""
+    TileLang per-channel cast.
+
+    pos_to_token's values are not checked (that would read them back to the host): an index outside
+    [-1, T) is outside the contract; the gather bounds it on the device and writes that row as a padding
+    row (-1): zero values, +0 codes."""
     n = eager._check_fused_args(x, x_sf, fmt, num_per_tokens, num_per_channels, pos_to_token, round_sf, use_ue8m0,
                                 use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
     _tilelang.require_cuda("x", x)  # x_sf and pos_to_token are on x's device (checked)

@@ -1,17 +1,20 @@
 """quant.per_block_cast_lossless on the GPU (docs/contract/quant_layout.md): kernel quant.lossless and its
 wrapper.
 
-The wrapper checks the arguments and the input sf (`kernels.torch.quant_layout._lossless_out_sf`, which
-also gives the out sf: small tensors, 1/16 or 1/32 of the elements, reduced with torch); the kernel
-re-codes the data.  A thread takes a chunk of 16 elements: one 8-byte load of e2m1 codes, one 16-byte
-store of e4m3 codes; the chunk lies in one input block (16 or 32 columns) and one out block (32 or 128
-columns), so it reads one input sf and one out sf (fp32).  Per element, exactly:
+The wrapper checks the arguments' metadata (`kernels.torch.quant_layout._check_lossless_args`) and computes
+the out sf with torch on the device (`kernels.torch.quant_layout._lossless_out_sf`: small tensors, 1/16 or
+1/32 of the elements); it reads no tensor value back to the host, so an input sf the contract refuses is
+not refused here: its out block comes out NaN, sf and every code (below).  The kernel re-codes the data.
+A thread takes a chunk of 16 elements: one 8-byte load of e2m1 codes, one 16-byte store of e4m3 codes;
+the chunk lies in one input block (16 or 32 columns) and one out block (32 or 128 columns), so it reads
+one input sf and one out sf (fp32).  Per element, exactly:
 
     c     = the e2m1 value, built from the code's bits (s.e1e0.m -> fp32 sign, exponent, mantissa)
     ratio = in sf / out sf       (two powers of two: an exact quotient in [2^-14, 2^6], or NaN)
     code  = e4m3(c * ratio)      (the product is an e4m3 value, so the conversion does not round)
 
-A NaN out sf (a NaN input sf in the block) makes every code of the block NaN.  The flat T * H / 16 chunks
+A NaN out sf (a NaN input sf in the block, or a block the contract refuses) makes every code of the block
+NaN, whatever the input sf: in sf / NaN is NaN for every fp32 in sf.  The flat T * H / 16 chunks
 go one per thread, 256 threads a CTA.  Static configurations: (input block columns, out block rows, out
 block columns), 6; T and H are runtime sizes.
 """
@@ -94,15 +97,19 @@ def per_block_cast_lossless(x: torch.Tensor, x_sf: torch.Tensor, fmt: str = "e4m
                             out_block_size: tuple[int, int] | list[int] = (128, 128), *, use_ue8m0: bool = False,
                             use_packed_ue8m0: bool = False,
                             use_tma_aligned_col_major_sf: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(data e4m3 (T, H), sf); see kernels/torch/quant_layout.py."""
+    """(data e4m3 (T, H), sf); see kernels/torch/quant_layout.py.
+
+    x_sf's values are not checked (that would read them back to the host): an out block that the contract
+    refuses (an input sf that is not 2^k, -127 <= k <= 127, or NaN; a spread past 2^14; a ue8m0 out sf below
+    2^-127) comes out as a NaN block, its sf NaN (ue8m0 0xFF) and every code NaN, deterministic and in
+    bounds; docs/contract/quant_layout.md."""
     hidden, in_block, out_block = eager._check_lossless_args(x, x_sf, fmt, x_block_size, out_block_size, use_ue8m0,
                                                             use_packed_ue8m0, use_tma_aligned_col_major_sf)
-    # the sf values are checked (ValueError naming x_sf) before the device: the eager checks come first
-    in_sf = eager._input_scales(x_sf, hidden // in_block[1])
-    out_sf = eager._lossless_out_sf(in_sf, in_block, out_block, use_ue8m0)
     for name, t in (("x", x), ("x_sf", x_sf)):
         _tilelang.require_cuda(name, t)
         _tilelang.check_dims_fit_int32(name, t)
+    in_sf = eager._input_scales(x_sf, hidden // in_block[1])
+    out_sf, _ = eager._lossless_out_sf(in_sf, in_block, out_block, use_ue8m0)  # the refusals: read by eager only
     num_rows = x.shape[0]
     data = torch.empty((num_rows, hidden), dtype=torch.float8_e4m3fn, device=x.device)
     chunks = num_rows * hidden // (2 * CHUNK_BYTES)

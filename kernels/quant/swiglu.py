@@ -5,12 +5,12 @@ The kernel computes y = ((l * sigmoid(l)) * r) * w per chunk and casts it per to
 (pos_to_token_topk == -1) are not read; they get y = 0 and are not counted.
 
 The routed call (pos_to_token_topk, topk_weights, clamp, clamped_count) runs the same compiled
-kernel as the plain one; its wrapper is slower: the range check of pos_to_token_topk reads pos on
-the host (docs/DECISIONS.md), a device sync, so the call cannot be captured in a CUDA graph and
-its eager time holds the sync and the host work after it.  The bench's routed row is 187.8 us
-eager, never a graph time, against 50.4 us in a graph for the plain call
-(reports/evidence/quant.md#swiglu-routed).  benchmarks.tune's routed group times
-`_swiglu_checked`, the call after its checks, in a graph.
+kernel as the plain one.  Its checks read no tensor value back to the host (no device sync: the call
+can be captured in a CUDA graph); pos_to_token_topk's range is the eager implementation's check only.
+With topk_weights, the wrapper first bounds pos_to_token_topk on the device (one elementwise torch
+pass over its N int32): an index at or past T * K becomes -1, a padding row, so the kernel never reads
+a weight out of bounds; an index below -1 is padding in the kernel already.  benchmarks.tune's routed
+group times `_swiglu_checked`, the call after its checks, in a graph.
 
 x is read in place at any row stride (its gate and up halves at the row's start and H further),
 where its data pointer and row stride in bytes are multiples of 16; otherwise from a contiguous
@@ -38,7 +38,9 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
     """(data, sf) of y = l * sigmoid(l) * r * w, per-token cast (see kernels/torch/quant.py).
 
     Padding rows (pos_to_token_topk == -1) are written as y = 0 (codes +0, the
-    sf of a zero block), their x is not read and they are not counted.
+    sf of a zero block), their x is not read and they are not counted.  An index
+    outside [-1, T*K) is outside the contract (not checked: no read back) and
+    makes its row such a padding row.
     clamped_count is updated in place (int64 atomics).  x at any row stride: read in place where
     its rows start on 16-byte boundaries, else from a contiguous copy.
     """
@@ -53,9 +55,9 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
 
 def _swiglu_checked(x, hidden, fmt, n, cm, c, topk_weights, pos_to_token_topk, clamped_count, round_sf, use_ue8m0,
                     use_packed_ue8m0, use_tma_aligned_col_major_sf):
-    """swiglu_forward_and_per_token_cast after its argument checks.  Those read pos_to_token_topk's
-    range on the host (a device sync, uncapturable): benchmarks.tune times this part alone in a CUDA
-    graph, the routed kernel's device time, with the checks run once outside the timing."""
+    """swiglu_forward_and_per_token_cast after its argument checks (host work on metadata):
+    benchmarks.tune times this part alone in a CUDA graph, the routed kernel's device time, with the
+    checks run once outside the timing."""
     device = x.device
     num_rows = x.shape[0]
     sf = _new_sf(num_rows, hidden // n, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, device)
@@ -69,12 +71,13 @@ def _swiglu_checked(x, hidden, fmt, n, cm, c, topk_weights, pos_to_token_topk, c
         "has_pos": pos_to_token_topk is not None,
         "weights": (topk_weights.reshape(-1) if topk_weights is not None
                     else _tilelang.placeholder(torch.float32, device)),
-        "has_w": topk_weights is not None,
+        # topk_weights' slot count: the kernel treats an index at or past it as a padding row (0: no weights)
+        "has_w": min(topk_weights.numel(), 2**31 - 1) if topk_weights is not None else 0,
         "counts": clamped_count if do_count else _tilelang.placeholder(torch.int64, device),
         "do_count": do_count,
         "clamp": c if c is not None else math.inf,
     }
-    if extras["has_w"] and extras["weights"].numel() == 0:
+    if topk_weights is not None and extras["weights"].numel() == 0:
         extras["weights"] = _tilelang.placeholder(torch.float32, device)  # no slot to read (every row is padding)
     config = token_config("swiglu", IN_DTYPES[x.dtype], fmt)
     if hidden % CHUNK:

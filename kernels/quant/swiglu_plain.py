@@ -1,5 +1,6 @@
 """The plain SwiGLU on the GPU: forward, backward, and the backward of an e4m3 x fused with a per-token
-cast (docs/contract/quant_swiglu.md; the eager twins and argument checks: kernels/torch/quant_swiglu.py).
+cast (docs/contract/quant_swiglu.md; the eager twins and the metadata checks the wrappers share:
+kernels/torch/quant_swiglu.py).  The wrappers read no tensor value back to the host.
 
 Kernel quant.swiglu_plain: one CTA per (row, SWIGLU_THREADS vectors of the row); a thread takes `vec`
 consecutive columns of l and the same of r (8: one 16-byte load of bf16, two of fp32, one 8-byte load
@@ -13,10 +14,13 @@ in fp32 with explicit round-to-nearest operations (no contraction into FMAs, no 
               dr = (g w) (l' s)                      0 where r > c or r < -c
 
 w is topk_weights.flatten()[pos_to_token_topk[row]] (1 without weights); rows whose index is -1 are
-padding: x is not read and the outputs are +0.  The e4m3 configuration reads x as codes and
-multiplies each by its block's x_sf (one IEEE product) and writes the fp32 gradient, which the wrapper
-rounds to bf16 and hands to the TileLang per-token cast (kernels/quant/token_cast.py): the cast sees
-the same fp32 values tile-kernels' fused kernel casts, at the cost of one more pass over them.
+padding: x is not read and the outputs are +0.  The index is bounded on the device: one below 0, or (with
+weights) at or past num_slots = T * K, makes the row a padding row, so an index outside the contract's
+range (which the wrappers do not read back to check) is never read out of bounds.  The e4m3
+configuration reads x as codes and multiplies each by its block's x_sf (one IEEE product) and writes
+the fp32 gradient, which the wrapper rounds to bf16 and hands to the TileLang per-token cast
+(kernels/quant/token_cast.py): the cast sees the same fp32 values tile-kernels' fused kernel casts, at
+the cost of one more pass over them.
 """
 
 # No `from __future__ import annotations` here: tilelang evaluates the prim_func parameter annotations.
@@ -65,7 +69,8 @@ SWIGLU_PLAIN_CONFIGS = _all_configs()
 
 def build_swiglu_plain(config: SwigluPlainConfig):
     """prim_func(x (N, 2H), x_sf (N, sf_cols) fp32, grad (N, H), pos (P,) int32, weights (K,) fp32,
-    out (N, H) fwd / (N, 2H) bwd, has_pos, has_w, clamp, num_per_channels), H = vec * hidden_vecs."""
+    out (N, H) fwd / (N, 2H) bwd, has_pos, has_w, num_slots, clamp, num_per_channels), H = vec * hidden_vecs;
+    num_slots: the weights a pos may index (T * K; 0 for an empty topk_weights)."""
     T = _tilelang.T()
     vec = config.vec
     backward = config.mode == "bwd"
@@ -97,6 +102,7 @@ def build_swiglu_plain(config: SwigluPlainConfig):
         out: T.Tensor((num_rows, out_cols), config.out_dtype),
         has_pos: T.int32,
         has_w: T.int32,
+        num_slots: T.int32,
         clamp: T.float32,
         num_per_channels: T.int32,
     ):
@@ -118,7 +124,10 @@ def build_swiglu_plain(config: SwigluPlainConfig):
                     if pos[row] < 0:
                         live = 0
                     elif has_w != 0:
-                        w = weights[pos[row]]
+                        if pos[row] < num_slots:
+                            w = weights[pos[row]]
+                        else:
+                            live = 0  # past the slots: outside the contract, taken for padding
                 for e in T.unroll(vec):
                     res_l[e] = T.Cast(config.out_dtype, 0)
                     res_r[e] = T.Cast(config.out_dtype, 0)
@@ -166,13 +175,16 @@ SWIGLU_PLAIN = KernelDef("quant.swiglu_plain", build_swiglu_plain, SWIGLU_PLAIN_
 
 
 def _routing_args(x: torch.Tensor, topk_weights, pos_to_token_topk) -> tuple:
+    """(pos, weights, has_pos, has_w, num_slots) for the kernel; num_slots (T * K, capped at the largest int32,
+    which no int32 index reaches) bounds the weight the kernel reads."""
     device = x.device
     pos = pos_to_token_topk.contiguous() if pos_to_token_topk is not None else _tilelang.placeholder(torch.int32,
                                                                                                        device)
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
-    if weights is None or weights.numel() == 0:  # no slot to read (or every row is padding)
+    num_slots = min(weights.numel(), 2**31 - 1) if weights is not None else 0
+    if weights is None or weights.numel() == 0:  # no slot to read (every row is padding)
         weights = _tilelang.placeholder(torch.float32, device)
-    return pos, weights, int(pos_to_token_topk is not None), int(topk_weights is not None)
+    return pos, weights, int(pos_to_token_topk is not None), int(topk_weights is not None), num_slots
 
 
 def _launch(mode: str, x: torch.Tensor, x_sf, grad, out: torch.Tensor, hidden: int, num_per_channels: int,
@@ -190,9 +202,9 @@ def _launch(mode: str, x: torch.Tensor, x_sf, grad, out: torch.Tensor, hidden: i
                                _TL_DTYPES[out.dtype], vec)
     sf = x_sf.contiguous() if x_sf is not None else _tilelang.placeholder(torch.float32, device)
     kernel = _tilelang.kernel_for(SWIGLU_PLAIN, config, device)
-    pos, weights, has_pos, has_w = _routing_args(x, topk_weights, pos_to_token_topk)
+    pos, weights, has_pos, has_w, num_slots = _routing_args(x, topk_weights, pos_to_token_topk)
     with _tilelang.device_guard(device):
-        kernel(x, sf, grad, pos, weights, out, has_pos, has_w, math.inf if clamp is None else clamp,
+        kernel(x, sf, grad, pos, weights, out, has_pos, has_w, num_slots, math.inf if clamp is None else clamp,
                num_per_channels)
 
 
@@ -205,7 +217,8 @@ def _check_kernel(named) -> None:
 
 def swiglu(x: torch.Tensor, fmt: str = "bf16", *, topk_weights: torch.Tensor | None = None,
            pos_to_token_topk: torch.Tensor | None = None, clamp: float | None = None) -> torch.Tensor:
-    """y (N, H) in fmt; see kernels/torch/quant_swiglu.py."""
+    """y (N, H) in fmt; see kernels/torch/quant_swiglu.py.  pos_to_token_topk's range is not checked (no
+    read back): an index outside [-1, T*K) is outside the contract and makes its row a padding row."""
     hidden, c = eager._check_swiglu_args(x, fmt, topk_weights, pos_to_token_topk, clamp)
     _check_kernel((("x", x),))
     out = torch.empty((x.shape[0], hidden), dtype=eager._OUT_DTYPES[fmt], device=x.device)
@@ -217,7 +230,8 @@ def swiglu(x: torch.Tensor, fmt: str = "bf16", *, topk_weights: torch.Tensor | N
 def swiglu_bwd(grad_out: torch.Tensor, x: torch.Tensor, fmt: str = "bf16", *,
                topk_weights: torch.Tensor | None = None, pos_to_token_topk: torch.Tensor | None = None,
                clamp: float | None = None) -> torch.Tensor:
-    """grad_x (N, 2H) in fmt; see kernels/torch/quant_swiglu.py."""
+    """grad_x (N, 2H) in fmt; see kernels/torch/quant_swiglu.py.  An index outside [-1, T*K) makes its row a
+    padding row (zero gradient), as in `swiglu`."""
     hidden, c = eager._check_swiglu_args(x, fmt, topk_weights, pos_to_token_topk, clamp)
     eager._check_grad_out(grad_out, x, hidden)
     _check_kernel((("x", x), ("grad_out", grad_out)))
@@ -233,7 +247,8 @@ def swiglu_backward_and_per_token_cast(
     clamp: float | None = None, round_sf: bool = False, use_ue8m0: bool = False, use_packed_ue8m0: bool = False,
     use_tma_aligned_col_major_sf: bool = False, clamp_min: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x_grad bf16, data, sf); see kernels/torch/quant_swiglu.py."""
+    """(x_grad bf16, data, sf); see kernels/torch/quant_swiglu.py.  An index outside [-1, T*K) makes its row a
+    padding row (zero gradient, +0 codes, the sf of a zero block), as in `swiglu`."""
     hidden, fmt, n, cm, c = eager._check_backward_cast_args(
         x, x_sf, grad_out, fmt, num_per_channels, topk_weights, pos_to_token_topk, clamp, round_sf, use_ue8m0,
         use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)

@@ -41,7 +41,8 @@ multiply-shift division) of x (N, 2H); a chunk reads 8 values of l = x[row, :H] 
 r = x[row, H:] and computes, in fp32, l = min.NaN(l, c), r = max.NaN(min.NaN(r, c), -c) (a NaN
 stays NaN; without a clamp c = +inf), y = ((l * sigmoid(l)) * r) * w with
 sigmoid(l) = rcp.approx(1 + expf(-l)) (libdevice's accurate expf, not __expf) and each product
-``__fmul_rn``.  Rows whose pos_to_token_topk is -1 are padding: not read, y = 0.  The clamp
+``__fmul_rn``.  Rows whose pos_to_token_topk is negative are padding: not read, y = 0; so are rows whose
+index is at or past has_w, topk_weights' slot count (0: no weights), which the kernel never reads past.  The clamp
 counts (l > c, r > c, r < -c, before clamping) are per-thread int32, summed over the warp and
 added to the int64 clamped_count with one atomicAdd per warp and counter (int64 all the way, so
 no count can overflow).  The routed call (has_pos, has_w, do_count and clamp are runtime
@@ -290,8 +291,11 @@ def _block_macros(T, swiglu, scale_of, read_scale, write_scale):
             if valid and has_pos != 0:
                 if pos[rows[u]] < 0:
                     live[u] = 0
-                elif has_w != 0:
-                    weight[u] = tw[pos[rows[u]]]
+                elif has_w != 0:  # has_w: topk_weights' slot count; an index past it is a padding row
+                    if pos[rows[u]] < has_w:
+                        weight[u] = tw[pos[rows[u]]]
+                    else:
+                        live[u] = 0
 
     @T.macro
     def block_scale(amax, valid, lane_in_group, precomputed, sf32, sf8, sf_mode, row, col, s0, s1, round_sf,

@@ -64,7 +64,9 @@ Options supported, and rejected with a ValueError naming the argument
 * clamp_min must be finite and at least max_q * 2^-126 (so that sf is a
   normal fp32 and 1/sf finite).
 * swiglu: clamp None or finite > 0; topk_weights (float32 (T, K)) needs
-  pos_to_token_topk (int32 (N,), values in [-1, T*K) with -1 for padding rows);
+  pos_to_token_topk (int32 (N,), values in [-1, T*K) with -1 for padding rows;
+  the range is checked here by reading it back to the host, never by the
+  TileLang wrapper, which takes an index outside it for a padding row);
   pos_to_token_topk may come alone (padding marks, weights 1); clamped_count
   is int64 (3,), contiguous, and shares no memory with x, topk_weights or
   pos_to_token_topk (it is written while they are read).
@@ -685,14 +687,7 @@ def _check_swiglu_extras(x: torch.Tensor, topk_weights: object, pos_to_token_top
         if pos_to_token_topk.shape[0] != x.shape[0]:
             raise ValueError(f"pos_to_token_topk must have N={x.shape[0]} entries (one per row of x), "
                              f"got {pos_to_token_topk.shape[0]}")
-        # Its values are read below (a host sync on CUDA): only from x's device.
         _check_same_device(x, pos_to_token_topk=pos_to_token_topk)
-        slots = topk_weights.numel() if topk_weights is not None else None
-        if pos_to_token_topk.numel():
-            low, high = torch.stack(torch.aminmax(pos_to_token_topk)).tolist()  # one device sync, not two
-            if low < -1 or (slots is not None and high >= slots):
-                bound = f"T*K={slots}" if slots is not None else "infinity"
-                raise ValueError(f"pos_to_token_topk values must lie in [-1, {bound}), got [{low}, {high}]")
     if clamped_count is not None:
         _check_tensor("clamped_count", clamped_count, (torch.int64,), 1, "(3,)")
         _check_contiguous("clamped_count", clamped_count)
@@ -712,10 +707,24 @@ def _check_swiglu_extras(x: torch.Tensor, topk_weights: object, pos_to_token_top
     return c
 
 
+def _check_routing_values(topk_weights: torch.Tensor | None, pos_to_token_topk: torch.Tensor | None) -> None:
+    """pos_to_token_topk's values in [-1, T*K) ([-1, infinity) without weights), read back to the host (one
+    device sync on CUDA): the eager implementations' check.  The TileLang wrappers do not read it; there an
+    index outside the range is outside the contract, and the kernels take it for a padding row (-1)."""
+    if pos_to_token_topk is None or not pos_to_token_topk.numel():
+        return
+    slots = topk_weights.numel() if topk_weights is not None else None
+    low, high = torch.stack(torch.aminmax(pos_to_token_topk)).tolist()  # one device sync, not two
+    if low < -1 or (slots is not None and high >= slots):
+        bound = f"T*K={slots}" if slots is not None else "infinity"
+        raise ValueError(f"pos_to_token_topk values must lie in [-1, {bound}), got [{low}, {high}]")
+
+
 def _check_swiglu_args(x, fmt, num_per_channels, topk_weights, pos_to_token_topk, clamp, clamped_count, round_sf,
                        use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
                        clamp_min) -> tuple[int, str, int, float, float | None]:
-    """Returns H, fmt, num_per_channels, clamp_min in force, clamp (None: no clamp)."""
+    """Checks every argument's metadata (no tensor value is read); returns H, fmt, num_per_channels, clamp_min
+    in force, clamp (None: no clamp).  The eager implementation adds `_check_routing_values`."""
     x = _check_x(x, "(N, 2H)")
     if x.shape[1] % 2:
         raise ValueError(f"x must have an even number of columns (l and r halves), got {x.shape[1]}")
@@ -747,6 +756,7 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
     hidden, fmt, n, cm, c = _check_swiglu_args(x, fmt, num_per_channels, topk_weights, pos_to_token_topk, clamp,
                                                clamped_count, round_sf, use_ue8m0, use_packed_ue8m0,
                                                use_tma_aligned_col_major_sf, clamp_min)
+    _check_routing_values(topk_weights, pos_to_token_topk)
     l, r = x[:, :hidden].float(), x[:, hidden:].float()
     live = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
     w = torch.ones(x.shape[0], dtype=torch.float32, device=x.device)

@@ -3,11 +3,14 @@ argument checks that the TileLang wrappers share.
 
 * `per_channel_cast_and_transpose`: quant.per_channel_cast (e4m3), then its data transposed to (H, T).
 * `per_channel_cast_fused`: quant.cast_back (e4m3 codes times x_sf, fp32) where x is quantised, the rows
-  gathered by pos_to_token (-1: a zero row), then quant.per_channel_cast (e4m3).
+  gathered by pos_to_token (-1: a zero row), then quant.per_channel_cast (e4m3).  The eager function reads
+  pos_to_token's range back to the host (`_check_pos_to_token_values`); the TileLang wrapper shares the
+  metadata checks (`_check_fused_args`) and the gather, which takes an index outside [0, T) for -1.
 * `per_block_cast_lossless`: e2m1 codes with power-of-two sf re-coded exactly as e4m3 codes in larger
   blocks; the out block's sf is 2^-6 times the largest input sf it covers.  `_lossless_out_sf` computes
-  the out sf and refuses (ValueError naming x_sf) a case that cannot be lossless; it reads one set of
-  flags back to the host for that.
+  the out sf on the device, NaN for an out block the contract refuses, and the refusal flags; the eager
+  function reads the flags back to the host and refuses (ValueError naming x_sf) such a case
+  (`_check_lossless_refusals`), the TileLang wrapper reads nothing back.
 * `batched_transpose_weight_sf`: a weight's power-of-two scales as deep_gemm's MN-major packed ue8m0 sf0 and
   sf1, through the casts' ue8m0 packing (`quant._ue8m0_bytes`, `quant._pack_ue8m0`); the sf values are not read
   back to be checked.
@@ -56,8 +59,8 @@ def _check_fused_args(x: object, x_sf: object, fmt: object, num_per_tokens: obje
                       pos_to_token: object, round_sf: object, use_ue8m0: object, use_packed_ue8m0: object,
                       use_tma_aligned_col_major_sf: object, clamp_min: object) -> int | None:
     """Checks x (plain, or e4m3 codes with x_sf), num_per_channels, num_per_tokens and the sf options (the
-    per-channel cast's, checked here before any work), and pos_to_token (values in [-1, T), read back to the
-    host); returns num_per_channels (None for a plain x)."""
+    per-channel cast's, checked here before any work), and pos_to_token's metadata; no tensor value is read.
+    Returns num_per_channels (None for a plain x)."""
     _check_channel_transpose_fmt(fmt)
     if x_sf is None:
         if num_per_channels is not None:
@@ -83,22 +86,32 @@ def _check_fused_args(x: object, x_sf: object, fmt: object, num_per_tokens: obje
     if pos_to_token is not None:
         check_tensor("pos_to_token", pos_to_token, (torch.int32,), 1, "(N,)")
         eager._check_same_device(x, pos_to_token=pos_to_token)
-        if pos_to_token.numel():
-            low, high = torch.stack([pos_to_token.min(), pos_to_token.max()]).tolist()  # one read back
-            if low < -1 or high >= x.shape[0]:
-                raise ValueError(f"pos_to_token values must be in [-1, T={x.shape[0]}), got [{low}, {high}]")
     return num_per_channels
 
 
+def _check_pos_to_token_values(pos_to_token: torch.Tensor | None, num_tokens: int) -> None:
+    """pos_to_token's values in [-1, T), read back to the host (one device sync on CUDA): the eager
+    function's check; the TileLang wrapper reads nothing back (`_gather_rows` bounds the index instead)."""
+    if pos_to_token is None or not pos_to_token.numel():
+        return
+    low, high = torch.stack(torch.aminmax(pos_to_token)).tolist()  # one read back
+    if low < -1 or high >= num_tokens:
+        raise ValueError(f"pos_to_token values must be in [-1, T={num_tokens}), got [{low}, {high}]")
+
+
 def _gather_rows(values: torch.Tensor, pos_to_token: torch.Tensor | None) -> torch.Tensor:
-    """Row n is values[pos_to_token[n]], a zero row where it is -1 (values itself without pos_to_token)."""
+    """Row n is values[pos_to_token[n]], a zero row where it is -1 (values itself without pos_to_token).
+
+    The index is bounded on the device: one outside [0, T) gives a zero row, as -1 does, so an index
+    the contract refuses (which only the eager function checks) is never read out of bounds."""
     if pos_to_token is None:
         return values
     pos = pos_to_token.long()
     if values.shape[0] == 0:
         return values.new_zeros(pos.numel(), values.shape[1])
-    gathered = values.index_select(0, pos.clamp(min=0))
-    return torch.where((pos < 0)[:, None], torch.zeros_like(gathered), gathered)
+    inside = (pos >= 0) & (pos < values.shape[0])
+    gathered = values.index_select(0, torch.where(inside, pos, 0))
+    return torch.where(inside[:, None], gathered, torch.zeros_like(gathered))
 
 
 def per_channel_cast_fused(x: torch.Tensor, x_sf: torch.Tensor | None = None, fmt: str = "e4m3",
@@ -111,6 +124,7 @@ def per_channel_cast_fused(x: torch.Tensor, x_sf: torch.Tensor | None = None, fm
     gathered by pos_to_token."""
     n = _check_fused_args(x, x_sf, fmt, num_per_tokens, num_per_channels, pos_to_token, round_sf, use_ue8m0,
                           use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
+    _check_pos_to_token_values(pos_to_token, x.shape[0])
     # cast_back takes contiguous codes; a quantised x may have a row stride (check_rows)
     values = x if x_sf is None else eager.cast_back(x.contiguous(), x_sf, "e4m3", (1, n), torch.float32)
     return eager.per_channel_cast(_gather_rows(values, pos_to_token), "e4m3", num_per_tokens, round_sf=round_sf,
@@ -172,13 +186,17 @@ def _input_scales(x_sf: torch.Tensor, cols: int) -> torch.Tensor:
 
 
 def _lossless_out_sf(in_sf: torch.Tensor, in_block: tuple[int, int], out_block: tuple[int, int],
-                    use_ue8m0: bool) -> torch.Tensor:
-    """The out sf per block (ceil(T / bm), H / bk), fp32: 2^-6 times the largest input sf of the block, NaN
-    where one is NaN.  in_sf: the fp32 input sf (rows, cols) (`_input_scales`); input blocks are one row.
+                    use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out sf, refusals), computed on in_sf's device with nothing read back.
 
-    Raises ValueError (naming x_sf) where an input sf is not a power of two 2^k, -127 <= k <= 127, or NaN;
-    where an input sf is below 2^-14 times the largest of its out block; and, for a ue8m0 out sf, where an
-    out sf is below 2^-127.  Everything is exact in fp32 (products and reciprocals of powers of two)."""
+    out sf per block (ceil(T / bm), H / bk), fp32: 2^-6 times the largest input sf of the block, NaN where
+    one is NaN, and NaN for a block the contract refuses.  in_sf: the fp32 input sf (rows, cols)
+    (`_input_scales`); input blocks are one row.  refusals: bool (3,), whether some input sf is not a power
+    of two 2^k, -127 <= k <= 127, or NaN; some input sf is below 2^-14 times the largest of its out block;
+    some ue8m0 out sf is below 2^-127 (`_check_lossless_refusals` says each in words).  A refused out
+    block is NaN (its sf and, through the kernel's quotient in sf / NaN, every code), as a NaN input sf
+    makes it: a deterministic answer that no exact one is mistaken for.  Everything is exact in fp32
+    (products and reciprocals of powers of two)."""
     group = (out_block[0] // in_block[0], out_block[1] // in_block[1])  # out blocks on the input sf's grid
     mantissa, exponent = torch.frexp(in_sf)
     nan = torch.isnan(in_sf)
@@ -188,9 +206,19 @@ def _lossless_out_sf(in_sf: torch.Tensor, in_block: tuple[int, int], out_block: 
     high = _block_max(torch.where(nan, torch.zeros_like(in_sf), known), group)
     low = 1.0 / _block_max(torch.where(nan, torch.zeros_like(in_sf), 1.0 / known), group)
     nan_blocks = _block_max(nan.float(), group) > 0
+    bad_blocks = _block_max(bad.float(), group) > 0
     spread = ~nan_blocks & (low < high * 2.0**-LOSSLESS_SPAN)
     tiny = ~nan_blocks & (high * 2.0**-LOSSLESS_HEADROOM < 2.0**-127) if use_ue8m0 else torch.zeros_like(spread)
-    flags = torch.stack([bad.any(), spread.any(), tiny.any()]).tolist()  # one read back
+    refusals = torch.stack([bad.any(), spread.any(), tiny.any()])
+    out = high * 2.0**-LOSSLESS_HEADROOM
+    nan_out = nan_blocks | bad_blocks | spread | tiny
+    return torch.where(nan_out, torch.full_like(out, float("nan")), out).contiguous(), refusals
+
+
+def _check_lossless_refusals(refusals: torch.Tensor) -> None:
+    """Raises ValueError (naming x_sf) for a refusal `_lossless_out_sf` found: its flags read back to the host
+    (one device sync on CUDA), by the eager function only."""
+    flags = refusals.tolist()  # one read back
     if flags[0]:
         raise ValueError("x_sf: every input sf must be a power of two 2^k with -127 <= k <= 127, or NaN")
     if flags[1]:
@@ -198,8 +226,6 @@ def _lossless_out_sf(in_sf: torch.Tensor, in_block: tuple[int, int], out_block: 
                          f"largest of its out block")
     if flags[2]:
         raise ValueError("x_sf: the cast cannot be lossless: an out sf below 2^-127 (the least ue8m0 value)")
-    out = high * 2.0**-LOSSLESS_HEADROOM
-    return torch.where(nan_blocks, torch.full_like(out, float("nan")), out).contiguous()
 
 
 def _store_out_sf(sf: torch.Tensor, use_ue8m0: bool, use_packed_ue8m0: bool, col_major: bool) -> torch.Tensor:
@@ -218,7 +244,8 @@ def per_block_cast_lossless(x: torch.Tensor, x_sf: torch.Tensor, fmt: str = "e4m
                                                       use_packed_ue8m0, use_tma_aligned_col_major_sf)
     shape = (x.shape[0], hidden)
     in_sf = _input_scales(x_sf, hidden // in_block[1])
-    out_sf = _lossless_out_sf(in_sf, in_block, out_block, use_ue8m0)
+    out_sf, refusals = _lossless_out_sf(in_sf, in_block, out_block, use_ue8m0)
+    _check_lossless_refusals(refusals)
     in_scales = eager._to_elements(in_sf, torch.Size(shape), in_block)
     codes = eager._unpack_e2m1(x).long()
     table = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=x.device)

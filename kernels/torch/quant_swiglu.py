@@ -13,7 +13,9 @@ l = x[:, :H], r = x[:, H:]; with a clamp c, l' = min(l, c), r' = clamp(r, -c, c)
 router weight; y = l' sigmoid(l') r' w.  The backward: dl = g w r' s (1 + l' (1 - s)) where
 l <= c (else 0), dr = g w l' s where -c <= r <= c (else 0).  Padding rows (pos_to_token_topk
 == -1) are not read and come out zero.  Argument checks raise TypeError / ValueError naming the
-argument; the TileLang wrappers (kernels/quant/swiglu_plain.py) call the same checks.
+argument; the TileLang wrappers (kernels/quant/swiglu_plain.py) call the same metadata checks
+(`_check_swiglu_args`, `_check_backward_cast_args`: no tensor value is read), and only these eager
+functions read pos_to_token_topk's range back to the host (`quant._check_routing_values`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ _OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def _check_swiglu_args(x, fmt, topk_weights, pos_to_token_topk, clamp) -> tuple[int, float | None]:
-    """Returns (H, clamp in force as fp32 or None)."""
+    """Checks the metadata (no tensor value is read); returns (H, clamp in force as fp32 or None)."""
     q._check_fmt(fmt, OUT_FORMATS, " (the plain SwiGLU writes bf16 or fp32)")
     x = q._check_x(x, "(N, 2H)")
     if x.shape[1] % 2:
@@ -53,7 +55,8 @@ def _check_grad_out(grad_out: object, x: torch.Tensor, hidden: int) -> torch.Ten
 def _check_backward_cast_args(x, x_sf, grad_out, fmt, num_per_channels, topk_weights, pos_to_token_topk, clamp,
                              round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf,
                              clamp_min) -> tuple[int, str, int, float, float | None]:
-    """Returns (H, fmt, num_per_channels, clamp_min in force, clamp in force or None)."""
+    """Checks the metadata (no tensor value is read); returns (H, fmt, num_per_channels, clamp_min in force,
+    clamp in force or None)."""
     check_tensor("x", x, (torch.float8_e4m3fn,), 2, "(N, 2H) e4m3 codes")
     if x.numel():
         check_rows("x", x)
@@ -124,6 +127,7 @@ def swiglu(x: torch.Tensor, fmt: str = "bf16", *, topk_weights: torch.Tensor | N
            pos_to_token_topk: torch.Tensor | None = None, clamp: float | None = None) -> torch.Tensor:
     """y = l' sigmoid(l') r' w (N, H) in fmt (bf16 or fp32), computed in fp32."""
     hidden, c = _check_swiglu_args(x, fmt, topk_weights, pos_to_token_topk, clamp)
+    q._check_routing_values(topk_weights, pos_to_token_topk)
     live, w = _routing(x.shape[0], topk_weights, pos_to_token_topk, x.device)
     return _forward_fp32(x.float(), hidden, c, live, w).to(_OUT_DTYPES[fmt])
 
@@ -134,6 +138,7 @@ def swiglu_bwd(grad_out: torch.Tensor, x: torch.Tensor, fmt: str = "bf16", *,
     """grad_x (N, 2H) in fmt: (dl | dr), computed in fp32."""
     hidden, c = _check_swiglu_args(x, fmt, topk_weights, pos_to_token_topk, clamp)
     _check_grad_out(grad_out, x, hidden)
+    q._check_routing_values(topk_weights, pos_to_token_topk)
     live, w = _routing(x.shape[0], topk_weights, pos_to_token_topk, x.device)
     return _backward_fp32(grad_out, x.float(), hidden, c, live, w).to(_OUT_DTYPES[fmt])
 
@@ -154,6 +159,7 @@ def swiglu_backward_and_per_token_cast(
     hidden, fmt, n, cm, c = _check_backward_cast_args(
         x, x_sf, grad_out, fmt, num_per_channels, topk_weights, pos_to_token_topk, clamp, round_sf, use_ue8m0,
         use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
+    q._check_routing_values(topk_weights, pos_to_token_topk)
     live, w = _routing(x.shape[0], topk_weights, pos_to_token_topk, x.device)
     grad = _backward_fp32(grad_out, _dequantised(x, x_sf, n), hidden, c, live, w)
     data, sf = q._cast(grad, fmt, (1, n), round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm)
