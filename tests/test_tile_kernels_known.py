@@ -87,6 +87,20 @@ FINDING_CASES = [
      "was rewritten.", "F20"),
     ("2.1.0/mhc.reduce_partials_and_rmsnorm-F15-empty-batch-size35.json", "2.1.0", False, None,
      "InternalError: Check failed: (has_best) is false: no available layout found", "F15"),
+    ("1.0.0/mhc.norm_fn-G15-empty-k.json", "1.0.0", False, None,
+     "InternalError: Check failed: (wl.grid_dim(0) > 0 && wl.grid_dim(1) > 0 && wl.grid_dim(2) > 0) is false: "
+     "CUDALaunch Error: grid dimension must be positive, but got grid=(24,0,1)", "F15"),
+    ("1.0.0/mhc.reduce_partials_and_rmsnorm-G15-no-token-gradients.json", "1.0.0", True, None,
+     "InternalError: Check failed: (wl.grid_dim(0) > 0 && wl.grid_dim(1) > 0 && wl.grid_dim(2) > 0) is false: "
+     "CUDALaunch Error: grid dimension must be positive, but got grid=(0,1,1)", "F15"),
+    ("1.0.0/moe.aux_fi-G16-no-token.json", "1.0.0", False, {"fi"}, "", "G16"),
+    ("1.0.0/moe.topk_sum_and_topk_group_idx-G17-nan-group.json", "1.0.0", False, {"group_idx"}, "", "G17"),
+    ("1.0.0/quant.per_block_cast_with_sf_only-G18-nan.json", "1.0.0", False, {"sf"}, "", "G18"),
+    ("1.0.0/quant.per_channel_cast_fused-G19-nan-channel.json", "1.0.0", False, {"sf"}, "", "G19"),
+    ("1.0.0/quant.per_block_cast_lossless-G20-no-token.json", "1.0.0", False, None,
+     "InternalError: Check failed: (min_reg_num < (9223372036854775807L)) is false: no available layout found", "G20"),
+    ("1.0.0/quant.swiglu_backward_and_per_token_cast-G21-one-row.json", "1.0.0", False, None,
+     "InternalError: Check failed: (min_reg_num < (9223372036854775807L)) is false: no available layout found", "G21"),
     ("2.1.0/engram.gate-P1-empty-batch-gradients.json", "2.1.0", True, None,
      "RuntimeError: kernel engram_gate_bwd_kernel_cuda input grad_out strides[2] violates packed ABI constraint; "
      "expected: 0, got: 1", "F10"),

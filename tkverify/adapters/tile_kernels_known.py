@@ -163,6 +163,23 @@ def _no_token_some_rows(op: str, case: Case) -> bool:
     return case.inputs["x"].shape[0] == 0 and case.params["num_expanded_rows"] > 0
 
 
+def _nan_score(op: str, case: Case) -> bool:
+    return bool(torch.isnan(case.inputs["scores"]).any())
+
+
+def _nan_or_inf_in_x(op: str, case: Case) -> bool:
+    return bool((~torch.isfinite(case.inputs["x"].float())).any())
+
+
+def _nan_x_sf(op: str, case: Case) -> bool:
+    return bool(torch.isnan(case.inputs["x_sf"].float()).any())
+
+
+def _one_row_hidden_32(op: str, case: Case) -> bool:
+    """G21's one case: one row, H = 32 (where else 1.0.0 finds no layout is not measured)."""
+    return tuple(case.inputs["grad_out"].shape) == (1, 32)
+
+
 FINDINGS = (
     Finding("F1", "a NaN in a block: the sf skips it (NaN-ignoring amax)", BOTH,
             (*_TOKEN_CASTS, _SWIGLU), _has_nan, outputs=frozenset({"sf"})),
@@ -223,6 +240,22 @@ FINDINGS = (
             outputs=frozenset({"out", "sf"})),
     Finding("G14", "per_block_cast, a +-inf in a block: sf inf instead of NaN, and with round_sf data +-448 "
             "(F2 in the block cast)", ("1.0.0",), ("quant.per_block_cast",), _inf_in_x, outputs=frozenset({"sf", "data"})),
+    Finding("F15", "an empty batch: zero-size grid launch (1.0.0's fused pre-block, G15)", ("1.0.0",),
+            ("mhc.norm_fn", "mhc.reduce_partials_and_rmsnorm"), _empty, error=_EMPTY_GRID),
+    Finding("G16", "aux_fi with no token: fi 0 where 0 / 0 is NaN", ("1.0.0",), ("moe.aux_fi",),
+            lambda op, case: case.inputs["topk_idx"].shape[0] == 0, outputs=frozenset({"fi"})),
+    Finding("G17", "a NaN score: its group is not ranked first (the total order's NaN above +inf)", ("1.0.0",),
+            ("moe.topk_sum_and_topk_group_idx",), _nan_score, outputs=frozenset({"group_idx"})),
+    Finding("G18", "per_block_cast_with_sf_only, a NaN in a block: the sf skips it (F13)", ("1.0.0",),
+            ("quant.per_block_cast_with_sf_only",), _has_nan, outputs=frozenset({"sf"})),
+    Finding("G19", "per_channel_cast_fused, a NaN or +-inf in a channel: a finite or infinite sf where NaN (F1, F2)",
+            ("1.0.0",), ("quant.per_channel_cast_fused",), _nan_or_inf_in_x, outputs=frozenset({"sf", "data"})),
+    Finding("G20", "per_block_cast_lossless with no token: a TileLang layout error", ("1.0.0",),
+            ("quant.per_block_cast_lossless",), _empty, error=r"no available layout found"),
+    Finding("G20", "per_block_cast_lossless, a NaN input sf: finite codes and sf where NaN", ("1.0.0",),
+            ("quant.per_block_cast_lossless",), _nan_x_sf, outputs=frozenset({"sf", "data"})),
+    Finding("G21", "swiglu_backward_and_per_token_cast at one row of H 32: a TileLang layout error", ("1.0.0",),
+            ("quant.swiglu_backward_and_per_token_cast",), _one_row_hidden_32, error=r"no available layout found"),
 )
 
 
