@@ -86,9 +86,12 @@ class KernelDef:
 
 
 def tuning_only(candidates: tuple[Hashable, ...], *shipped: dict) -> tuple[Hashable, ...]:
-    """The candidates that no *_SHIPPED table puts in place of a base configuration."""
+    """What no wrapper launches as committed: the candidates that no *_SHIPPED table puts in place of a base
+    configuration, and the base configurations a table replaces (`chosen_config` launches one only when a
+    tuning run's override puts it back)."""
     launched = {c for table in shipped for c in table.values()}
-    return tuple(c for c in candidates if c not in launched)
+    replaced = [base for table in shipped for base, c in table.items() if c != base and base not in launched]
+    return tuple(dict.fromkeys([*(c for c in candidates if c not in launched), *replaced]))
 
 
 def kernel_defs() -> dict[str, KernelDef]:

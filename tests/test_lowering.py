@@ -86,7 +86,8 @@ def test_transpose_candidates_move_blocks_with_16_byte_stores(tilelang):
 
 
 def test_every_configuration_a_wrapper_launches_is_lowered_in_ci():
-    """A shipped candidate (a *_SHIPPED table's value) is launched, so it is no skippable candidate."""
+    """A shipped candidate (a *_SHIPPED table's value) is launched, so it is no skippable candidate; the base
+    configuration it replaces is launched only when a tuning run's override puts it back: a candidate."""
     from kernels import engram, moe, transpose
 
     for kernel, shipped in ((engram.GATE_FWD, engram.FWD_SHIPPED), (engram.GATE_BWD, engram.BWD_SHIPPED),
@@ -94,7 +95,8 @@ def test_every_configuration_a_wrapper_launches_is_lowered_in_ci():
                             (transpose.BATCHED_TRANSPOSE, transpose.TRANSPOSE_SHIPPED)):
         for base, launched in shipped.items():
             assert base in kernel.configs and launched in kernel.configs, (kernel.name, launched)
-            assert base not in kernel.candidates and launched not in kernel.candidates, (kernel.name, launched)
+            assert launched not in kernel.candidates, (kernel.name, launched)
+            assert base == launched or base in kernel.candidates, (kernel.name, base)
     with pytest.raises(ValueError, match="candidates not among its configs"):
         _tilelang.KernelDef("toy", lambda config: None, (1, 2), candidates=(3,))
 

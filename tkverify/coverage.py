@@ -105,6 +105,19 @@ def _token_hidden(case: Case) -> int:
     return h // 2 if "pos_to_token_topk" in case.inputs else h
 
 
+def _cast_back_input(case: Case) -> torch.Tensor:
+    """The codes a cast_back launch decodes: `data` (cast_back), or `x` (unpack_from_e2m1fn_x2's packed
+    codes; per_token_cast_and_cast_back's values, cast and decoded in place)."""
+    return case.inputs["data"] if "data" in case.inputs else case.inputs["x"]
+
+
+def _cast_back_elements(case: Case, config) -> int:
+    """The elements a cast_back launch writes: e2m1 codes come two a byte."""
+    t = _cast_back_input(case)
+    packed = t.element_size() == 1 and config.fmt == "e2m1"
+    return t.numel() * (2 if packed else 1)
+
+
 def _unreached_rows(case: Case) -> bool:
     """expand_to_fused: some of the N output rows no (token, k) pair reaches (padding rows, written zero)."""
     pos = case.inputs["token_topk_to_pos"].reshape(-1).long()
@@ -285,24 +298,27 @@ _BOUNDARY: dict[str, tuple[Boundary, ...]] = {
     "quant.token_cast": (
         single_row(_ROWS_X),
         # hidden % 8 != 0: rows zero-padded to whole 8-element chunks before the launch
+        # (e5m6 asks H % 8 == 0 of its callers: no tail reaches its configurations)
         Boundary("hidden_tail", lambda case, config: _token_hidden(case) % 8 != 0,
-                 lambda config: config.source == "x"),
+                 lambda config: config.source == "x" and config.fmt != "e5m6"),
     ),
     "quant.block_cast": (
         single_row(_ROWS_X),
         Boundary("partial_row_tile", lambda case, config: _ROWS_X(case) % 128 != 0),
         Boundary("partial_col_tile", lambda case, config: _last("x")(case) % _block_tile_cols(config) != 0),
-        Boundary("hidden_tail", lambda case, config: _last("x")(case) % 8 != 0),
+        # (a precomputed sf comes in whole blocks of 32 or 128 columns: no tail)
+        Boundary("hidden_tail", lambda case, config: _last("x")(case) % 8 != 0, lambda config: not config.precomputed),
     ),
     "quant.cast_back": (
-        single_row(_rows("data")),
-        # the flat path: the last chunk of T * H elements ends inside a 16-byte chunk
-        Boundary("flat_tail", lambda case, config: case.inputs["data"].numel() % (8 if config.out_dtype == "bfloat16"
-                                                                                  else 4) != 0,
+        Boundary("single_row", lambda case, config: math.prod(_cast_back_input(case).shape[:-1]) == 1),
+        # the flat path: the last chunk of T * H elements ends inside a 16-byte chunk of the output
+        Boundary("flat_tail", lambda case, config: _cast_back_elements(case, config)
+                 % (8 if config.out_dtype == "bfloat16" else 4) != 0,
                  lambda config: config.path == "flat"),
     ),
     "transpose.batched_transpose": (
-        single_row(_last("x", -2)),
+        # (a vectorised configuration takes M a multiple of its vector: never one row)
+        Boundary("single_row", lambda case, config: _last("x", -2)(case) == 1, lambda config: not config.vectorized),
         Boundary("partial_tile_m", lambda case, config: _last("x", -2)(case) % _transpose_tile(config)[0] != 0),
         Boundary("partial_tile_n", lambda case, config: _last("x", -1)(case) % _transpose_tile(config)[1] != 0),
     ),
