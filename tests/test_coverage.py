@@ -17,7 +17,7 @@ from tkverify.case import Case
 from tkverify.report import SpeedRow
 from tkverify.report.reach import coverage_markdown, read_coverage, short_config_labels
 
-SHIPPED = TransposeConfig("int32", True)
+SHIPPED = TransposeConfig("int32", False)  # the scalar configuration: every boundary class applies
 
 
 def fake_transpose(x):
@@ -58,14 +58,15 @@ def test_listening_impl_labels_its_launch_and_boundary_classes():
 def test_table_and_list_show_reached_configs_and_gaps():
     head = f"transpose.batched_transpose | {SHIPPED!r}"
     row = SpeedRow("transpose.batched_transpose", "tilelang", coverage={head: 3, f"{head} | partial_tile_n": 2})
-    shipped = {"transpose.batched_transpose": [SHIPPED, TransposeConfig("int32", False)]}
+    other = TransposeConfig("int16", False)
+    shipped = {"transpose.batched_transpose": [SHIPPED, other]}
     listed = coverage.coverage_list({(row.op, row.impl): row.coverage}, shipped)
     entry = listed["transpose.batched_transpose"][repr(SHIPPED)]
     assert entry["examples"] == 3 and entry["classes"] == {"single_row": 0, "partial_tile_m": 0, "partial_tile_n": 2}
     assert coverage.gaps(listed) == [
         f"transpose.batched_transpose {SHIPPED!r}: never with single_row",
         f"transpose.batched_transpose {SHIPPED!r}: never with partial_tile_m",
-        f"transpose.batched_transpose {TransposeConfig('int32', False)!r}: never launched"]
+        f"transpose.batched_transpose {other!r}: never launched"]
     text = "\n".join(coverage_markdown([row], shipped))
     assert "**gap**" in text and "partial_tile_n 2" in text and "3 gaps" in text
 
