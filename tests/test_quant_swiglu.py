@@ -345,3 +345,120 @@ def test_release_2_1_lacks_the_per_channel_transpose(monkeypatch):
     _fake_release(monkeypatch, 2, types.SimpleNamespace())
     with pytest.raises(Unsupported, match="1.0.0 only"):
         adapter.swiglu_forward_and_per_channel_cast_and_transpose(torch.ones(128, 256, dtype=torch.bfloat16))
+
+
+# -- the TileLang wrapper's host path at num_per_channels = H (launches stubbed, on the CPU) --------------
+
+# The sf storages and layouts of the cast (each option set as the contract allows it).
+SF_OPTIONS = (
+    {},
+    {"round_sf": True},
+    {"round_sf": True, "use_ue8m0": True},
+    {"round_sf": True, "use_ue8m0": True, "use_packed_ue8m0": True},
+    {"use_tma_aligned_col_major_sf": True},
+    {"round_sf": True, "use_ue8m0": True, "use_packed_ue8m0": True, "use_tma_aligned_col_major_sf": True},
+)
+HALF_ROWS = (12, 24, 40, 48, 96)  # num_per_channels = H: not a token block (16, 32, 64, 128); 12 is no chunk
+
+
+class _RecordedLaunches:
+    """Stands in for `compiled_kernel` under `dry_run.stubbed_launches`: keeps each launch's arguments; the SwiGLU
+    kernel writes a distinct value into every gradient element and the cast kernel a distinct byte into every data
+    byte, so that what the wrapper hands on and crops is visible on the CPU."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, tuple, torch.Tensor]] = []  # (kernel, arguments, the first one before the launch)
+
+    def compiled_kernel(self, kernel, config, target):
+        assert config in kernel.configs, config
+        return lambda *args: self._launch(kernel.name, args)
+
+    def _launch(self, name: str, args: tuple) -> None:
+        first = args[0].clone()
+        if name == "quant.swiglu_plain":
+            out = args[5]  # (x, x_sf, grad, pos, weights, out, ...)
+            out.copy_(torch.arange(1, out.numel() + 1, dtype=out.dtype).view(out.shape))
+        else:  # quant.token_cast (xw, dw, sf32, sf8, ...)
+            data = args[1].view(torch.uint8)
+            data.copy_(torch.arange(data.numel()) % 251)
+        self.calls.append((name, args, first))
+
+
+def _npc_h_inputs(hidden: int) -> dict:
+    gen = torch.Generator().manual_seed(hidden)
+    x = (torch.randn(3, 2 * hidden, generator=gen) * 4).to(torch.float8_e4m3fn)
+    return {"x": x, "x_sf": torch.rand(3, 2, generator=gen) + 0.5, "grad_out": torch.randn(3, hidden, generator=gen)}
+
+
+def _stubbed_backward_cast(monkeypatch, inputs: dict, fmt: str, hidden: int, options: dict):
+    from kernels import _tilelang
+    from kernels.quant import swiglu_plain
+    from tkverify import dry_run
+
+    launches = _RecordedLaunches()
+    with dry_run.stubbed_launches():
+        monkeypatch.setattr(_tilelang, "compiled_kernel", launches.compiled_kernel)
+        got = swiglu_plain.swiglu_backward_and_per_token_cast(**inputs, fmt=fmt, num_per_channels=hidden, **options)
+    return got, launches.calls
+
+
+@pytest.mark.parametrize("hidden", HALF_ROWS)
+@pytest.mark.parametrize("options", SF_OPTIONS, ids=lambda o: "-".join(o) or "fp32")
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_tilelang_wrapper_casts_half_rows(monkeypatch, hidden, options, fmt):
+    """num_per_channels = H, which the contract allows and the torch implementation takes: the TileLang wrapper
+    accepts it, casts the (N, 2H) gradient as two blocks a row (each half zero-padded to whole chunks where
+    H % 8 != 0, read in place otherwise), writes the sf in place in the (N, 2) storage and layout asked for,
+    crops the data block by block, and returns the torch implementation's shapes, dtypes and strides."""
+    pytest.importorskip("tilelang")  # the wrapper module imports its kernel definitions
+    inputs = _npc_h_inputs(hidden)
+    (x_grad, data, sf), calls = _stubbed_backward_cast(monkeypatch, inputs, fmt, hidden, options)
+    for got, want in zip((x_grad, data, sf), impl.swiglu_backward_and_per_token_cast(
+            **inputs, fmt=fmt, num_per_channels=hidden, **options)):
+        assert (got.shape, got.dtype, got.stride()) == (want.shape, want.dtype, want.stride())
+
+    assert [name for name, _, _ in calls] == ["quant.swiglu_plain", "quant.token_cast"]
+    grad = calls[0][1][5]  # the fp32 gradient (N, 2H) the SwiGLU kernel wrote
+    assert torch.equal(x_grad, grad.to(torch.bfloat16))
+    xw, dw, sf32, sf8, num_chunks, num_blocks, _, _, _, cols, _, _, row0, s0, s1 = calls[1][1][:15]
+    slot = -(-hidden // 8) * 8  # a block's chunks
+    assert (num_blocks, cols, row0, num_chunks) == (6, 2, 0, 6 * slot // 8)
+    words = calls[1][2].view(torch.float32).view(3, 2, slot)  # x's words as the cast kernel gets them
+    assert torch.equal(words[:, :, :hidden], grad.view(3, 2, hidden))
+    assert not words[:, :, hidden:].any()  # the padding is zeros: it moves no amax
+    if hidden % 8 == 0:  # the gradient itself, no copy
+        assert xw.data_ptr() == grad.data_ptr()
+    assert (s0, s1) == sf.stride()  # the sf written in place, in the layout returned
+    assert (sf32 if sf.dtype == torch.float32 else sf8).data_ptr() == sf.data_ptr()
+    width = hidden if fmt == "e4m3" else hidden // 2
+    kernel_bytes = dw.view(torch.uint8).view(3, 2, -1)
+    assert kernel_bytes.shape[2] == (slot if fmt == "e4m3" else slot // 2)
+    assert torch.equal(data.view(torch.uint8).view(3, 2, width), kernel_bytes[:, :, :width])
+
+
+def test_tilelang_wrapper_takes_the_reported_half_row_case(monkeypatch):
+    """The case the TileLang per-token cast refused ("num_per_channels must be one of (16, 32, 64, 128) or
+    H=24, got 12"): x e4m3 (3, 24) with its sf at npc 12, an fp32 cotangent (3, 12), e4m3, npc 12."""
+    pytest.importorskip("tilelang")
+    inputs = {"x": torch.ones(3, 24).to(torch.float8_e4m3fn), "x_sf": torch.ones(3, 2), "grad_out": torch.ones(3, 12)}
+    (x_grad, data, sf), _ = _stubbed_backward_cast(monkeypatch, inputs, "e4m3", 12, {})
+    assert x_grad.shape == (3, 24) and data.shape == (3, 24) and sf.shape == (3, 2)
+
+
+def test_block_padding_places_each_block_at_a_chunk_and_crops_it_back():
+    """token_cast's padding of blocks of n % 8 != 0 elements: every block starts a slot of whole chunks, the
+    rest of the slot zero; the crop takes each slot's first codes (e2m1: two a byte)."""
+    pytest.importorskip("tilelang")
+    from kernels.quant import token_cast
+
+    x = torch.arange(1.0, 1 + 4 * 30).view(4, 30)[:, :24]  # row-strided, two blocks of 12 a row
+    padded = token_cast._blocks_zero_padded(x, 12)
+    assert padded.shape == (4, 32) and padded.is_contiguous()
+    assert torch.equal(padded.view(4, 2, 16)[:, :, :12], x.reshape(4, 2, 12))
+    assert not padded.view(4, 2, 16)[:, :, 12:].any()
+    codes = torch.arange(4 * 32, dtype=torch.uint8).view(4, 32)
+    assert torch.equal(token_cast._blocks_cropped(codes, 2, 12, "e4m3"), codes.view(4, 2, 16)[:, :, :12].reshape(4, 24))
+    packed = codes[:, :16].contiguous()  # e2m1: 8 bytes a slot, 6 of them the block's 12 codes
+    assert torch.equal(token_cast._blocks_cropped(packed, 2, 12, "e2m1"), packed.view(4, 2, 8)[:, :, :6].reshape(4, 12))
+    one_slot = token_cast._blocks_cropped(codes[:, :16].contiguous(), 1, 12, "e4m3")  # per_token_cast's npc = H
+    assert torch.equal(one_slot, codes[:, :12]) and one_slot.is_contiguous()

@@ -18,9 +18,13 @@ padding: x is not read and the outputs are +0.  The index is bounded on the devi
 weights) at or past num_slots = T * K, makes the row a padding row, so an index outside the contract's
 range (which the wrappers do not read back to check) is never read out of bounds.  The e4m3
 configuration reads x as codes and multiplies each by its block's x_sf (one IEEE product) and writes
-the fp32 gradient, which the wrapper rounds to bf16 and hands to the TileLang per-token cast
-(kernels/quant/token_cast.py): the cast sees the same fp32 values tile-kernels' fused kernel casts, at
-the cost of one more pass over them.
+the fp32 gradient (N, 2H), which the wrapper rounds to bf16 and hands to the TileLang per-token cast
+(kernels/quant/token_cast.py) in 1 x npc blocks over its 2H columns: the cast sees the same fp32 values
+tile-kernels' fused kernel casts, at the cost of one more pass over them.  npc is checked against H
+(the contract's rule: a token block, or H itself, so that no block straddles l and r); at npc = H the
+cast takes two blocks a row and writes the (N, 2) sf in place in every storage and layout, with no
+extra pass where H % 8 == 0 (otherwise each half is zero-padded to whole chunks first, as a row of
+H % 8 != 0 is in per_token_cast).
 """
 
 # No `from __future__ import annotations` here: tilelang evaluates the prim_func parameter annotations.
@@ -36,7 +40,7 @@ from ..torch import quant_swiglu as eager
 from ..torch._checks import rows_aligned
 from .block_cast import per_channel_cast
 from .common import PASS_CONFIGS
-from .token_cast import per_token_cast
+from .token_cast import _token_cast
 
 SWIGLU_THREADS = 128
 SWIGLU_VECTOR = 8
@@ -256,9 +260,10 @@ def swiglu_backward_and_per_token_cast(
     grad = torch.empty((x.shape[0], 2 * hidden), dtype=torch.float32, device=x.device)
     if x.shape[0]:
         _launch("bwd", x, x_sf, grad_out, grad, hidden, n, c, topk_weights, pos_to_token_topk)
-    data, sf = per_token_cast(grad, fmt, n, round_sf=round_sf, use_ue8m0=use_ue8m0,
-                              use_packed_ue8m0=use_packed_ue8m0,
-                              use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, clamp_min=clamp_min)
+    # n was checked against H, not against the gradient's 2H columns (at n = H: two blocks a row), so the
+    # cast is called past per_token_cast's own check of n against its row length
+    data, sf = _token_cast(grad, fmt, n, round_sf, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, cm,
+                           True)
     return grad.to(torch.bfloat16), data, sf
 
 

@@ -8,9 +8,10 @@ every tensor must be on one CUDA device and every dimension fit an int32.
 The host picks the kernel's path for the call's block size (`_token_geometry`) and launches
 the kernel in pieces of whole rows, each covering at most `MAX_CHUNKS_PER_LAUNCH` chunks of y
 and `MAX_X_WORDS_PER_LAUNCH` words of x (its indices are int32, sf offsets int64) and no grid
-more than 2^31 - 1 CTAs.  T = 0 returns empty outputs without a launch.  Rows with H % 8 != 0
-(only with npc = H) are zero-padded to a multiple of 8 (zeros do not move an amax) and the data
-cropped.
+more than 2^31 - 1 CTAs.  T = 0 returns empty outputs without a launch.  Blocks of npc % 8 != 0
+elements (npc = H of a row with H % 8 != 0; the SwiGLU backward's cast, npc = H of its 2H-column
+gradient, two blocks a row) are each zero-padded to a multiple of 8 (zeros do not move an amax) and
+the data cropped block by block.
 
 Layouts: x is read in place at any row stride (x = buf[:, :H] of a wider buffer, a slice of a
 batch of tokens): the kernel takes the row stride as a runtime argument (`row_pad`), so a
@@ -29,8 +30,8 @@ import torch
 from .. import _tilelang
 from ..torch import quant as eager
 from ..torch._checks import rows_aligned, span_view
-from .common import (CHUNK, IN_DTYPES, VECTOR_BYTES, WARP, _crop_data, _new_data, _new_sf, _sf_args, _SfArgs,
-                     _words, magic_divisor)
+from .common import (CHUNK, IN_DTYPES, VECTOR_BYTES, WARP, _data_width, _new_data, _new_sf, _sf_args, _SfArgs, _words,
+                     magic_divisor)
 from .token_kernel import (FAST_CHUNKS_PER_LANE, GENERIC_STEPS, ROW_PATH, TOKEN_CAST, TokenConfig, fast_paths,
                            row_chunks, token_config)
 
@@ -132,15 +133,28 @@ def _padded_hidden(hidden: int) -> int:
     return -(-hidden // CHUNK) * CHUNK
 
 
-def _zero_padded(x: torch.Tensor, columns: int) -> torch.Tensor:
-    """x (T, H) in the first H columns of a zeroed (T, columns) tensor."""
-    padded = torch.zeros((x.shape[0], columns), dtype=x.dtype, device=x.device)
-    padded[:, :x.shape[1]] = x
-    return padded
+def _blocks_zero_padded(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x (T, H) with each of its H / n blocks of n elements in the first n columns of a zeroed slot of
+    n8 = `_padded_hidden(n)`: a new contiguous (T, (H / n) n8) tensor whose blocks are whole chunks."""
+    rows, hidden = x.shape
+    cols, n8 = hidden // n, _padded_hidden(n)
+    padded = torch.zeros((rows, cols, n8), dtype=x.dtype, device=x.device)
+    padded[:, :, :n] = x.unflatten(1, (cols, n))
+    return padded.view(rows, cols * n8)
+
+
+def _blocks_cropped(data: torch.Tensor, cols: int, n: int, fmt: str) -> torch.Tensor:
+    """The data of `_blocks_zero_padded` rows (T, cols slots) with each slot cropped to its block's n
+    elements: contiguous (T, cols * width of n elements)."""
+    rows, width = data.shape[0], _data_width(n, fmt)
+    return data.view(rows, cols, -1)[:, :, :width].reshape(rows, cols * width).contiguous()  # one slot: a view
 
 
 def _token_cast(x: torch.Tensor, fmt: str, n: int, round_sf: bool, use_ue8m0: bool, use_packed_ue8m0: bool,
                 col_major: bool, clamp_min: float, with_data: bool):
+    """(data or None, sf) of x (T, H) in blocks of 1 x n, n dividing H (the callers check n: one of the
+    token blocks, or a row's H; the SwiGLU backward's cast takes H of its 2H-column gradient, sf (T, 2)).
+    Blocks of n % 8 != 0 elements are zero-padded to whole chunks, the data cropped back."""
     num_rows, hidden = x.shape
     device = x.device
     cols = hidden // n
@@ -149,13 +163,11 @@ def _token_cast(x: torch.Tensor, fmt: str, n: int, round_sf: bool, use_ue8m0: bo
     if num_rows == 0:
         return data, sf
     config = token_config("x", IN_DTYPES[x.dtype], fmt)
-    if hidden % CHUNK:
-        # n == H: pad the row with zeros to a whole number of chunks, crop the data.
-        h8 = _padded_hidden(hidden)
-        xp = _zero_padded(x, h8)
-        dp = _new_data(num_rows, h8, fmt, device) if with_data else None
-        _token_launch(config, xp, dp, _sf_args(sf), h8, round_sf, clamp_min, False)
-        return (_crop_data(dp, hidden, fmt) if with_data else None), sf
+    if n % CHUNK:
+        n8 = _padded_hidden(n)
+        dp = _new_data(num_rows, cols * n8, fmt, device) if with_data else None
+        _token_launch(config, _blocks_zero_padded(x, n), dp, _sf_args(sf), n8, round_sf, clamp_min, False)
+        return (_blocks_cropped(dp, cols, n, fmt) if with_data else None), sf
     _token_launch(config, x, data, _sf_args(sf), n, round_sf, clamp_min, False)
     return data, sf
 
@@ -202,12 +214,11 @@ def per_token_cast_with_precomputed_sf(x: torch.Tensor, sf: torch.Tensor, fmt: s
     if num_rows == 0:
         return _new_data(0, hidden, fmt, device)
     config = token_config("x", IN_DTYPES[x.dtype], fmt, precomputed=True)
-    if hidden % CHUNK:
-        h8 = _padded_hidden(hidden)
-        xp = _zero_padded(x, h8)
+    if n % CHUNK:  # n = H (the checks): one block a row, zero-padded to whole chunks
+        h8 = _padded_hidden(n)
         dp = _new_data(num_rows, h8, fmt, device)
-        _token_launch(config, xp, dp, _sf_args(sf), h8, False, 1.0, True)
-        return _crop_data(dp, hidden, fmt)
+        _token_launch(config, _blocks_zero_padded(x, n), dp, _sf_args(sf), h8, False, 1.0, True)
+        return _blocks_cropped(dp, 1, n, fmt)
     data = _new_data(num_rows, hidden, fmt, device)
     _token_launch(config, x, data, _sf_args(sf), n, False, 1.0, True)
     return data
