@@ -6,8 +6,7 @@
 
 Each group is one call on one shape (DeepSeek-V3's: bf16 16384 x 7168 per-token
 e4m3/128, e2m1/32 and e5m6 whole rows; SwiGLU 16384 x 2 x 2048 e4m3/128, plain and routed as the
-bench's second SwiGLU shape (pos_to_token_topk, weights, clamp, counts: the wrapper's range check,
-a host sync, runs once outside the timing, so that the call can be captured); mHC post 16384 x 4 x 7168;
+bench's second SwiGLU shape (pos_to_token_topk, weights, clamp, counts); mHC post 16384 x 4 x 7168;
 the Engram gate forward and backward at the bench's T 4096, hc 4, H 4096 bf16, inputs and bytes
 as `tkverify.specs.engram` gives them to the bench; the backward's time includes its grad_w reduction;
 moe.expand_to_fused at the bench's T 16384, K 8, H 7168 bf16, inputs and bytes as `tkverify.specs.moe`
@@ -139,19 +138,17 @@ def _groups():
                 x.numel() * 2 + TOKENS * SWIGLU_HIDDEN + TOKENS * (SWIGLU_HIDDEN // 128) * 4)
 
     def swiglu_routed(device):
-        # the bench's routed shape (a tenth of the rows padding, weights through pos, clamp 7, counting);
-        # the wrapper's range check reads pos on the host (a sync: the call cannot be captured), so it
-        # runs once here and the timed call is the rest of the wrapper: the routed kernel's device time
-        from kernels.torch import quant as eager
+        # the bench's routed shape (a tenth of the rows padding, weights through pos, clamp 7, counting); the
+        # wrapper reads no tensor value on the host (tests/test_sync_gpu.py), so the whole call is timed
         from tkverify.specs import quant_bench
 
         inputs, params = quant_bench.swiglu_routed_shape(device)
-        x, pos, weights, counts = (inputs[k] for k in ("x", "pos_to_token_topk", "topk_weights", "clamped_count"))
-        hidden, fmt, n, cm, c = eager._check_swiglu_args(x, params["fmt"], params["num_per_channels"], weights, pos,
-                                                         params["clamp"], counts, False, False, False, False, None)
-        return (lambda: quant._swiglu_checked(x, hidden, fmt, n, cm, c, weights, pos, counts, False, False, False,
-                                              False),
-                quant_bench.swiglu_bytes(inputs, params) + x.shape[0] * 8)
+        return (lambda: quant.swiglu_forward_and_per_token_cast(inputs["x"], params["fmt"], params["num_per_channels"],
+                                                                topk_weights=inputs["topk_weights"],
+                                                                pos_to_token_topk=inputs["pos_to_token_topk"],
+                                                                clamp=params["clamp"],
+                                                                clamped_count=inputs["clamped_count"]),
+                quant_bench.swiglu_bytes(inputs, params) + inputs["x"].shape[0] * 8)
 
     def post(device):
         from kernels import mhc

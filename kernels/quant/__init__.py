@@ -44,7 +44,7 @@ from .common import CHUNK, FORMATS, MAX_Q, WARP, magic_divisor
 from .dequant import (BACK_MAX_ELEMENTS, CAST_BACK, CAST_BACK_CONFIGS, CAST_BACK_OVERRIDES, CAST_BACK_TUNE_CONFIGS,
                       CastBackConfig, build_cast_back, cast_back)
 from .encode import _e5m6_code, _e5m6_code_fast
-from .swiglu import _swiglu_checked, swiglu_forward_and_per_token_cast
+from .swiglu import swiglu_forward_and_per_token_cast
 from .token_cast import (MAX_CHUNKS_PER_LAUNCH, _generic_geometry, _token_geometry, per_token_cast,
                          per_token_cast_with_precomputed_sf, per_token_cast_with_sf_only)
 from .token_kernel import (ROW_PATH, TOKEN_CAST, TOKEN_CONFIGS, TOKEN_OVERRIDES, TOKEN_TUNE_CONFIGS, TUNED,

@@ -7,10 +7,8 @@ The kernel computes y = ((l * sigmoid(l)) * r) * w per chunk and casts it per to
 The routed call (pos_to_token_topk, topk_weights, clamp, clamped_count) runs the same compiled
 kernel as the plain one.  Its checks read no tensor value back to the host (no device sync: the call
 can be captured in a CUDA graph); pos_to_token_topk's range is the eager implementation's check only.
-With topk_weights, the wrapper first bounds pos_to_token_topk on the device (one elementwise torch
-pass over its N int32): an index at or past T * K becomes -1, a padding row, so the kernel never reads
-a weight out of bounds; an index below -1 is padding in the kernel already.  benchmarks.tune's routed
-group times `_swiglu_checked`, the call after its checks, in a graph.
+The kernel bounds the index itself: a negative one, or (with topk_weights) one at or past T * K, makes
+the row a padding row, so no weight is read out of bounds.
 
 x is read in place at any row stride (its gate and up halves at the row's start and H further),
 where its data pointer and row stride in bytes are multiples of 16; otherwise from a contiguous
@@ -55,9 +53,7 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str = "e4m3", num_pe
 
 def _swiglu_checked(x, hidden, fmt, n, cm, c, topk_weights, pos_to_token_topk, clamped_count, round_sf, use_ue8m0,
                     use_packed_ue8m0, use_tma_aligned_col_major_sf):
-    """swiglu_forward_and_per_token_cast after its argument checks (host work on metadata):
-    benchmarks.tune times this part alone in a CUDA graph, the routed kernel's device time, with the
-    checks run once outside the timing."""
+    """swiglu_forward_and_per_token_cast after its argument checks: the outputs' allocation and the launch."""
     device = x.device
     num_rows = x.shape[0]
     sf = _new_sf(num_rows, hidden // n, use_ue8m0, use_packed_ue8m0, use_tma_aligned_col_major_sf, device)
