@@ -287,3 +287,40 @@ def test_report_has_a_gradient_table(tmp_path):
     md = paths["md"].read_text()
     assert "## Gradients" in md and "| engram.gate | x | broken | vs_oracle |" in md and "**FAIL**" in md
     assert "<h2>Gradients</h2>" in paths["html"].read_text()
+
+
+# -- backward options: several cotangent dtypes, an optional output's gradient ----------------------------
+
+
+def test_a_tuple_of_cotangent_dtypes_is_cycled_through_by_the_examples():
+    bw = dataclasses.replace(registry.get("quant.swiglu").backward, grad_dtype=(torch.bfloat16, torch.float32))
+    chosen = set()
+    for i in range(12):
+        case = Case(params={}, inputs={"x": torch.full((1, 4), float(i), dtype=torch.bfloat16)})
+        first = gradients._grad_dtype(bw, case, seed=0)
+        assert gradients._grad_dtype(bw, case, seed=0) == first  # deterministic per example
+        chosen.add(first)
+    assert chosen == {torch.bfloat16, torch.float32}
+    fixed = dataclasses.replace(bw, grad_dtype=torch.float32)
+    assert gradients._grad_dtype(fixed, Case(params={}, inputs={}), seed=5) == torch.float32
+
+
+def test_an_optional_outputs_zero_cotangent_goes_to_the_backward_as_none():
+    seen = []
+
+    def backward(grad_out, grad_norm_input, x, weight=None, residual=None, **kwargs):
+        seen.append(grad_norm_input)
+        return grad_out, weight, grad_out
+
+    spec = registry.get("quant.norm")
+    bw = dataclasses.replace(spec.backward, impls={"fake": Impl("fake", backward, device="cpu")}, saved=())
+    spec = dataclasses.replace(spec, backward=bw)
+    x = torch.ones(2, 4)
+    for cot, expect_none in ((torch.zeros(2, 4), True), (torch.ones(2, 4), False)):
+        gradients._run_backward(spec, "fake", {"out": torch.ones(2, 4), "norm_input": cot},
+                                {"x": x, "weight": torch.ones(4), "residual": x}, {}, {}, torch.device("cpu"))
+        assert (seen[-1] is None) == expect_none
+    not_optional = dataclasses.replace(spec, backward=dataclasses.replace(bw, optional_outputs=()))
+    gradients._run_backward(not_optional, "fake", {"out": torch.ones(2, 4), "norm_input": torch.zeros(2, 4)},
+                            {"x": x, "weight": torch.ones(4), "residual": x}, {}, {}, torch.device("cpu"))
+    assert seen[-1] is not None  # only a declared optional output's gradient is left out

@@ -170,7 +170,12 @@ class Backward:
              `saved` are the `saved` outputs of the same implementation's forward.
     saved    forward outputs passed on to the implementations' backward.
     grad_dtype  dtype of the cotangents handed to implementations (default: the
-             dtype of the implementation's forward output).
+             dtype of the implementation's forward output); a tuple of dtypes: one
+             of them per example, chosen by the example's inputs and cotangent seed
+             (a backward that takes cotangents of several dtypes is checked with each).
+    optional_outputs  outputs whose cotangent an implementation may be given as None
+             (the call without that gradient): the checks pass None where such an
+             output's cotangent is zero everywhere (a `mask` that zeroes it whole).
     mask     ``mask(case, margin) -> {output: bool array}`` (broadcastable to
              the output): elements whose cotangent is set to zero, because the
              derivative there is not checkable.  ``margin=None``: only what is
@@ -202,7 +207,8 @@ class Backward:
     impls: dict[str, Impl]
     forward: Callable[..., Any] | None = None
     saved: tuple[str, ...] = ()
-    grad_dtype: torch.dtype | None = None
+    grad_dtype: torch.dtype | tuple[torch.dtype, ...] | None = None
+    optional_outputs: tuple[str, ...] = ()
     mask: Callable[..., dict[str, Any]] | None = None
     fd_scale: Callable[..., dict[str, torch.Tensor]] | None = None
     fd_margin: float = 1e-4

@@ -14,6 +14,7 @@ single correctly rounded addition: its interval is the exact value (bitwise).
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import Any
 
 import numpy as np
@@ -195,7 +196,17 @@ def backward_mask(case: Case, margin: float | None) -> dict[str, np.ndarray]:
             inputs = np.abs(_np(i["x"])) + (0.0 if i.get("residual") is None else np.abs(_np(i["residual"])))
             scale = np.maximum(np.sqrt((f.s * f.s).mean(-1)), np.sqrt(case.params.get("eps", 1e-6)))
             excluded |= scale < margin * np.sqrt((inputs * inputs).mean(-1))
-    return {"out": excluded[:, None], "norm_input": excluded[:, None]}
+    # norm_input's cotangent is zero whole in about a third of the cases (by their bytes): its gradient is then
+    # passed as None (Backward.optional_outputs), the backward's call without a residual-stream gradient
+    without_norm_input = excluded | _drops_norm_input_gradient(case)
+    return {"out": excluded[:, None], "norm_input": without_norm_input[:, None]}
+
+
+def _drops_norm_input_gradient(case: Case) -> bool:
+    """Whether the gradient checks of `case` call the backward without norm_input's gradient: a third of the
+    cases, by a hash of x's bytes (deterministic for a case, spread over the ci examples)."""
+    x = case.inputs["x"]
+    return zlib.crc32(x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()) % 3 == 0
 
 
 def smooth(case: Case, outputs: dict[str, Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -282,6 +293,7 @@ register(OpSpec(
         oracle=ref.norm_bwd,
         impls=_impls("norm_bwd"),
         saved=("rstd", "norm_input"),
+        optional_outputs=("norm_input",),
         mask=backward_mask,
         given=given_backward,
         smooth=smooth,

@@ -310,6 +310,7 @@ register(OpSpec(
         forward=ref.swiglu_fwd_torch,
         impls={"torch": torch_impl("kernels.torch.quant_swiglu:swiglu_bwd"),
                "tilelang": tilelang_impl("kernels.quant.swiglu_plain:swiglu_bwd")},
+        grad_dtype=(torch.bfloat16, torch.float32),  # grad_out in either dtype, whatever fmt is
         mask=backward_mask,
         fd_scale=fd_scale,
         given=given_backward,
