@@ -9,6 +9,7 @@ its own through `tagging`'s ``extra`` (the casts' saturation edges, `strategies.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -120,3 +121,13 @@ def in_turn(rng: np.random.Generator, shape: tuple[int, ...], fraction: float, c
     which = np.full(size, -1)
     which[chosen] = (np.arange(len(chosen)) + rng.integers(0, count)) % count
     return which.reshape(shape)
+
+
+def draws_rng(draws: tuple, stream: int) -> np.random.Generator:
+    """A generator seeded by every hypothesis draw of a case (a stable hash of their repr, `stream` telling
+    apart the choices of one case; sets are given sorted), for a choice a strategy makes on top of its
+    draws (which kernel configuration or dispatch corner the case is moved to), so that the draws stay as
+    they are and shrink as before.  One drawn value alone would not do: the derandomised ci profile
+    repeats and shrinks draws (the drawn seed is 0 in most of its examples), so that a choice taken from
+    it lands on few values; a hash of all the draws spreads over the choices evenly."""
+    return np.random.default_rng([zlib.crc32(repr(draws).encode()), stream])

@@ -8,7 +8,9 @@ shape is allowed), with params repeat and eps.  Drawn in three layers:
 
 1. static parameters: m from 2..8, repeat from ``REPEATS`` (1..30: one
    normalisation only, a few sweeps, the default 10, and 30), eps from
-   ``EPS_VALUES`` (the default 1e-6 first), T from 0, 1 and odd counts;
+   ``EPS_VALUES`` (the default 1e-6 first), T from 0, 1 and odd counts; in about a
+   third of the cases a single matrix (T = 1) with m <= 4 or m > 4 (``PADDED_ROW_CORNERS``,
+   `corner_sizes`: the kernels pad m to 4 or 8);
 2. a base: normal logits at a drawn scale 2^-4..2^4;
 3. up to four matrix features, each planted in the first, the last, some or
    all matrices: ``saturated`` (one entry per row raised by 80..1000 above
@@ -33,6 +35,7 @@ use; they are kept out of the gradient checks (the op's strategy draws none).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -42,7 +45,7 @@ from hypothesis.strategies import SearchStrategy
 
 from strategies import rarely, seeds, torch_copy
 from strategies.classes import tagging
-from strategies.classes import in_turn
+from strategies.classes import draws_rng, in_turn
 from tkverify.case import Case
 
 M_VALUES = tuple(range(2, 9))
@@ -119,6 +122,9 @@ def _cases(draw, nonfinite: bool) -> Case:
         if nonfinite else {}
     seed = draw(seeds())
     zeros = np.random.default_rng([seed, 7]).random() < 0.5  # the seed decides: the other draws stay
+    draws = (repeat, eps, lead, scale, sorted(features.items()), sorted(bad.items()), seed)
+    (m, _, tokens, _), corner = corner_sizes(draws, (m, 1, tokens, 1), PADDED_ROW_CORNERS)
+    lead = lead and corner is None
 
     rng = np.random.default_rng([seed])
     x = rng.standard_normal((tokens, m, m)) * scale
@@ -165,7 +171,10 @@ def sinkhorn_nonfinite_cases() -> SearchStrategy[Case]:
 # counts (0, 1, odd), H with the tails of 8-element vectors and of tiles (1, 7, 9, 127, 129,
 # ...) and now and then a model's 4096 or 7168 (post's CTA-span tails, H = 2056 and 4104, are
 # in tests/test_mhc_kernels_gpu.py's grid: here they crowded the planted features out).  a * b * m * H is capped at MIX_ELEMENTS (b is
-# lowered to fit) so that a case stays cheap for the CPU and its float64 oracle.
+# lowered to fit) so that a case stays cheap for the CPU and its float64 oracle.  In about a third of
+# the cases the drawn sizes are moved to a corner of the kernels' dispatch (`corner_sizes`: a single row
+# on the vectorised or the scalar kernels, m padded to 4 or 8), so that every kernel configuration meets
+# its one-row and padding boundaries within the ci profile's examples.
 #
 # Values: features planted in a subset of the (a, b) rows, each from its own random stream
 # so that shrinking one leaves the others alone.  Magnitudes are chosen so that no exact sum
@@ -176,6 +185,7 @@ def sinkhorn_nonfinite_cases() -> SearchStrategy[Case]:
 # terms of a sum stay below 2^127.2, short of bf16's largest value (~2^128).
 
 MIX_ELEMENTS = 2**18
+MIX_VECTOR = 8  # bf16 elements per 16-byte vector (the vectorised kernels' width)
 HIDDEN = (1, 7, 8, 9, 16, 31, 33, 127, 128, 129, 255, 1000)
 HIDDEN_LARGE = (4096, 4095, 7168, 7169)
 LEADING = (1, 0, 2, 3)
@@ -201,6 +211,57 @@ def _mix_sizes(draw, hidden: bool) -> tuple[int, int, int, int]:
     if a * b * m * h > MIX_ELEMENTS:
         b = max(1, MIX_ELEMENTS // (a * m * h))
     return m, a, b, h
+
+
+@dataclasses.dataclass(frozen=True)
+class Corner:
+    """A corner of the kernels' dispatch that a strategy plants in some of its cases (`corner_sizes`):
+    ``single``, a single row (a = b = 1: the one-token boundary of every kernel); ``vector``, H a
+    multiple of 8 (True: 16-byte vectors of bf16, the vectorised kernels) or not (False: the scalar
+    ones), None leaving H as drawn; ``m``, the stream counts m is taken from (the kernels unroll their
+    loops over m to 4 or 8 streams, so that m short of either pads them), empty leaving m as drawn."""
+
+    single: bool = False
+    vector: bool | None = None
+    m: tuple[int, ...] = ()
+
+
+CORNER_STREAM = 10
+
+
+def corner_sizes(draws: tuple, sizes: tuple[int, int, int, int], corners: tuple[Corner, ...],
+                 share: float = 1 / 3) -> tuple[tuple[int, int, int, int], Corner | None]:
+    """(sizes (m, a, b, H), None), or in about `share` of the cases one of `corners` applied to the sizes
+    and that corner, the case's draws (`draws`, with the sizes) deciding which (`draws_rng`): the ci
+    profile's few examples draw a and b from the first sizes, many empty and few a single row, and m and
+    H independently of them, so that a kernel configuration (by m's padding and the vector width) seldom
+    met its one-row boundary.  b is lowered again so that a b m H <= MIX_ELEMENTS."""
+    rng = draws_rng((draws, sizes), CORNER_STREAM)
+    if rng.random() >= share:
+        return sizes, None
+    corner = corners[int(rng.integers(0, len(corners)))]
+    m, a, b, h = sizes
+    if corner.single:
+        a, b = 1, 1
+    if corner.m:
+        m = int(rng.choice(corner.m))
+    if corner.vector is True:
+        h = -(-h // MIX_VECTOR) * MIX_VECTOR
+    elif corner.vector is False and h % MIX_VECTOR == 0:
+        h += 1
+    if a * b * m * h > MIX_ELEMENTS:
+        b = max(1, MIX_ELEMENTS // (a * m * h))
+    return (m, a, b, h), corner
+
+
+# The corners each mix strategy plants: a single row on the vectorised and the scalar kernels; post's
+# vectorised kernels at m padded to 4 (m 2, 3: one row) and to 8 (m 5 .. 7: its backward's gradient
+# checks); a single row (one token, one matrix) with m padded to 4 and to 8 (pre_split_mixes' backward,
+# Sinkhorn's).
+VECTOR_ROW_CORNERS = (Corner(single=True, vector=True), Corner(single=True, vector=False))
+POST_CORNERS = (Corner(single=True, vector=True, m=(2, 3)), Corner(vector=True, m=(5, 6, 7)),
+                Corner(single=True, vector=True, m=(5, 6, 7)))
+PADDED_ROW_CORNERS = (Corner(single=True, m=(2, 3, 4)), Corner(single=True, m=(5, 6, 7, 8)))
 
 
 def _rows(rng: np.random.Generator, a: int, b: int) -> np.ndarray:
@@ -254,8 +315,7 @@ def pre_split_mixes_cases(draw) -> Case:
     exactly, and 0 of either sign where mixes * s is 0): the ci profile's few examples draw small
     feature sets, which left the non-finite and signed-zero classes undrawn.
     """
-    m, a, b, _ = draw(_mix_sizes(False))
-    width = m * (m + 2)
+    sizes = draw(_mix_sizes(False))
     post_mult = draw(st.sampled_from(POST_MULTS))
     pre_eps = draw(st.sampled_from(PRE_EPS))
     features = draw(st.sets(st.sampled_from(SPLIT_FEATURES), max_size=3))
@@ -263,6 +323,9 @@ def pre_split_mixes_cases(draw) -> Case:
     seed = draw(seeds())
     decide = np.random.default_rng([seed, 9]).random(2)  # the seed decides: the other draws stay
     features |= {name for name, u in zip(("nonfinite", "signed_zeros"), decide) if u < 0.5}
+    draws = (post_mult, pre_eps, sorted(features), magnitude, seed)
+    (m, a, b, _), _ = corner_sizes(draws, sizes, PADDED_ROW_CORNERS)
+    width = m * (m + 2)
 
     rng = np.random.default_rng([seed])
     mixes = rng.standard_normal((a, b, width)) * magnitude
@@ -363,13 +426,14 @@ def pre_apply_mix_cases(draw) -> Case:
     ``signed_zeros`` (x elements -0.0 or +0.0 beside each other: a sum of only -0.0 terms is -0.0, one
     +0.0 makes it +0.0).
     """
-    m, a, b, h = draw(_mix_sizes(True))
+    sizes = draw(_mix_sizes(True))
     features = draw(st.sets(st.sampled_from(APPLY_FEATURES), max_size=3))
     magnitude = 2.0 ** draw(st.integers(-4, 4))
     kind = draw(st.integers(0, 2))
     seed = draw(seeds())
     if np.random.default_rng([seed, 9]).random() < 0.5:  # the seed decides: the other draws stay
         features.add("signed_zeros")
+    (m, a, b, h), _ = corner_sizes((sorted(features), magnitude, kind, seed), sizes, VECTOR_ROW_CORNERS)
 
     rng = np.random.default_rng([seed])
     x = _values(rng, (a, b, m, h), magnitude)
@@ -415,6 +479,7 @@ def post_cases(draw) -> Case:
     seed = draw(seeds())
     if a * b == 0 and np.random.default_rng([seed, 8]).random() < 0.5:  # the seed decides: other draws stay
         a, b = 1, 1
+    (m, a, b, h), _ = corner_sizes((sorted(features), magnitude, kinds, seed), (m, a, b, h), POST_CORNERS)
 
     rng = np.random.default_rng([seed])
     rows_x = _values(rng, (a, b, m + 1, h), magnitude)  # residual rows, then x as row m

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import numpy as np
 from hypothesis import strategies as st
-from hypothesis.strategies import SearchStrategy
 
 from strategies import rarely, seeds
 from strategies.mhc import (EPS_VALUES as SINKHORN_EPS, M_VALUES, POST_MULTS, PRE_EPS, REPEATS, _bf16, _f32,

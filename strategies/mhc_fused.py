@@ -24,12 +24,15 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from strategies import rarely, seeds
+from strategies.classes import draws_rng
 from strategies.mhc import BF16_SUBNORMAL, M_VALUES, _bf16, _f32, _nonfinite, _rows, token_counts
 from tkverify.case import Case
 
 HIDDEN = (1, 3, 4, 7, 16, 33, 128, 129, 1000)
 HIDDEN_LARGE = (4096, 7168)  # cut to MERGE_ELEMENTS / M columns; the GPU tests take the full m H
 MERGE_ELEMENTS = 2**14  # M K at most (K lowered to fit): the gradcheck of a case stays under a second
+MERGE_VECTOR = 4  # fp32 elements per 16-byte vector (the vectorised kernels' width)
+SINGLE_ROW_SHARE = 1 / 3
 
 MERGE_FEATURES = ("ones", "zero_weights", "subnormal", "large")
 MERGE_EXTREMES = ("overflow", "nonfinite")
@@ -45,6 +48,19 @@ REDUCE_ELEMENTS = 2**17  # N G size values of x at most (N lowered to fit)
 def _widths(draw, m: int) -> int:
     """The projection's rows: m (m + 2) (a pre-block), now and then m (the output head's)."""
     return draw(rarely(st.just(m * (m + 2)), st.just(m), one_in=6))
+
+
+def _single_fn_row(draws: tuple, width: int, k: int) -> tuple[int, int]:
+    """(width, k), or in about SINGLE_ROW_SHARE of the cases a single row of fn (M = 1: the contract takes
+    any M >= 0, mHC's own M being m (m + 2) or m) with K a whole number of 16-byte vectors or not, the
+    case's draws deciding (`draws_rng`, so that they stay as they are): the one-row boundary of the
+    vectorised and the scalar kernels, which the drawn M (at least 2) never reaches.  An empty K stays."""
+    rng = draws_rng((draws, width, k), 10)
+    if k == 0 or rng.random() >= SINGLE_ROW_SHARE:
+        return width, k
+    if rng.random() < 0.5:
+        return 1, -(-k // MERGE_VECTOR) * MERGE_VECTOR
+    return 1, min(k | 1, MERGE_ELEMENTS - 1)
 
 
 def _features(draw, common: tuple[str, ...], extremes: tuple[str, ...], extreme: bool) -> set[str]:
@@ -65,6 +81,7 @@ def _merge_cases(draw, extreme: bool) -> Case:
     features = _features(draw, MERGE_FEATURES, MERGE_EXTREMES, extreme)
     magnitude = 2.0 ** draw(st.integers(-4, 4))
     seed = draw(seeds())
+    width, k = _single_fn_row((m, hidden, sorted(features), magnitude, seed), width, k)
 
     rng = np.random.default_rng([seed])
     fn = rng.standard_normal((width, k)) * magnitude
@@ -100,7 +117,7 @@ def fn_normw_merge_cases() -> SearchStrategy[Case]:
     (normw exactly 1: out_fn is fn), ``zero_weights`` (normw +0 and -0: signed zeros),
     ``subnormal`` (fn and normw whose products fall in fp32's subnormal range or to 0), ``large``
     (|fn| ~ 2^100 with |normw| >= 2: large products short of overflow).  Now and then K = 0
-    (empty).
+    (empty); in about a third of the cases a single row, M = 1 (`_single_fn_row`).
     """
     return _merge_cases(False)
 

@@ -4,7 +4,9 @@
 Sizes are the mix ops' (`strategies.mhc`): m from 2..8 (4 half the time), a from {1, 0, 2, 3},
 b from the token counts (0, 1, odd counts), H with the tails of 8-element vectors and of
 128-thread tiles (1, 7, 9, 127, 129, ...) and now and then a model's 4096 or 7168; a b m H is
-capped so that a case stays cheap for the CPU.  Features go to a random subset of the (a, b)
+capped so that a case stays cheap for the CPU; in about a third of the cases a single row
+(`strategies.mhc.corner_sizes`: with H a multiple of 8 or not for expand_to_mhc's vectorised and
+scalar kernels).  Features go to a random subset of the (a, b)
 rows, each from its own random stream, so that shrinking one leaves the others alone.
 """
 
@@ -14,7 +16,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from strategies import rarely, seeds
-from strategies.mhc import PRE_EPS, _bf16, _extreme_values, _f32, _mix_sizes, _nonfinite, _rows
+from strategies.mhc import (PRE_EPS, VECTOR_ROW_CORNERS, Corner, _bf16, _extreme_values, _f32, _mix_sizes, _nonfinite,
+                            _rows, corner_sizes)
 from strategies.classes import tagging
 from strategies.classes import in_turn
 from tkverify.case import Case
@@ -22,6 +25,7 @@ from tkverify.case import Case
 EXPAND_FEATURES = ("extremes", "subnormal", "signed_zero", "nonfinite")
 HEAD_FEATURES = ("saturated", "zero_u", "scale_zero", "subnormal", "huge", "cancel", "tiny_scale")
 HEAD_NONFINITE = ("mixes", "base", "scale")
+HEAD_CORNERS = (Corner(single=True),)
 
 
 @st.composite
@@ -34,11 +38,12 @@ def expand_to_mhc_cases(draw) -> Case:
     gradient checks draw their own (normal) cotangents; the backward's sums of extreme values
     are exercised in tests/test_mhc_head.py.
     """
-    m, a, b, h = draw(_mix_sizes(True))
+    sizes = draw(_mix_sizes(True))
     flat = draw(rarely(st.just(False), st.just(True), one_in=8))
     features = draw(st.sets(st.sampled_from(EXPAND_FEATURES), max_size=3))
     magnitude = 2.0 ** draw(st.integers(-4, 4))
     seed = draw(seeds())
+    (m, a, b, h), _ = corner_sizes((flat, sorted(features), magnitude, seed), sizes, VECTOR_ROW_CORNERS)
 
     rng = np.random.default_rng([seed])
     x = rng.standard_normal((a, b, h)) * magnitude
@@ -62,7 +67,7 @@ def expand_to_mhc_cases(draw) -> Case:
 
 
 def _head_values(draw, nonfinite: bool) -> Case:
-    m, a, b, _ = draw(_mix_sizes(False))
+    sizes = draw(_mix_sizes(False))
     pre_eps = draw(st.sampled_from(PRE_EPS))
     features = draw(st.sets(st.sampled_from(HEAD_FEATURES), max_size=3))
     bad = draw(st.sets(st.sampled_from(HEAD_NONFINITE), min_size=1, max_size=2)) if nonfinite else set()
@@ -70,6 +75,8 @@ def _head_values(draw, nonfinite: bool) -> Case:
     seed = draw(seeds())
     decide = np.random.default_rng([seed, 9]).random(2)  # the seed decides: the other draws stay
     features |= {name for name, u, p in zip(("scale_zero", "signed_zeros"), decide, (0.25, 0.5)) if u < p}
+    draws = (pre_eps, sorted(features), sorted(bad), magnitude, seed)
+    (m, a, b, _), _ = corner_sizes(draws, sizes, HEAD_CORNERS)
 
     rng = np.random.default_rng([seed])
     mixes = rng.standard_normal((a, b, m)) * magnitude

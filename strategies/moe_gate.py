@@ -27,7 +27,8 @@ With the two kinds that make ties (``bias_tie``, ``equalising``) the seed decide
 every logit whose score is finite is replaced by distinct ones (`untied_scores`): the bias is then the
 only source of the key ties (``bias_made_tie``), which the features' own ties hide otherwise.
 
-routed_scaling_factor comes from ``SCALINGS``; E from moe.topk_gate's expert counts, k from its values
+routed_scaling_factor comes from ``SCALINGS``; E from moe.topk_gate's expert counts (a padded width, then a
+count of it: `strategies.moe.gate.expert_counts`), k from its values
 (<= E) and k = E.  The classes beyond every float input's value classes are computed from the case's
 tensors by `gate_classes` (``nan_key``, a +inf logit on a masked expert, is tagged where drawn but too rare
 to promise under the ci profile).
@@ -41,8 +42,8 @@ from hypothesis import strategies as st
 import references.moe_gate as ref
 from strategies import seeds, torch_copy
 from strategies.classes import tagging
-from strategies.moe.gate import EXPERT_COUNTS, FEATURES, ROW_SPREADS, TOPK_VALUES, BASES, _pinned_values, \
-    build_scores, plant_features, token_counts
+from strategies.moe.gate import FEATURES, ROW_SPREADS, TOPK_VALUES, BASES, _pinned_values, \
+    build_scores, expert_counts, plant_features, token_counts
 from tkverify.case import Case
 
 MAX_K = 32
@@ -157,7 +158,7 @@ def gate_classes(case: Case) -> set[str]:
 @st.composite
 def topk_gate_scored_cases(draw) -> Case:
     """Cases of ``topk_gate_scored(logits f32 (T, E), bias f32 (E,), k, routed_scaling_factor)``."""
-    num_experts = draw(st.sampled_from(EXPERT_COUNTS))
+    num_experts = draw(expert_counts())  # each padded width of the kernel as often as the others
     k = draw(st.sampled_from(sorted({v for v in TOPK_VALUES if v <= num_experts} | {min(num_experts, MAX_K)})))
     num_tokens = draw(token_counts())
     base = draw(st.sampled_from(tuple(BASES)))

@@ -28,14 +28,13 @@ value classes of every float input are computed from the case's tensors by `grou
 from __future__ import annotations
 
 import numpy as np
-import torch
 from hypothesis import strategies as st
 
 import references.moe_groups as ref
 from strategies import seeds, torch_copy
 from strategies.moe.gate import BASES, FEATURES, ROW_SPREADS, _pinned_values, build_scores, plant_features, \
     token_counts
-from strategies.moe.routing import routings
+from strategies.moe.routing import routings_or_one_token
 from strategies.classes import tagging
 from tkverify.case import Case
 
@@ -259,8 +258,9 @@ def aux_fi_classes(case: Case) -> set[str]:
 
 @st.composite
 def aux_fi_cases(draw) -> Case:
-    """Cases of ``aux_fi(topk_idx int64 (T, K), num_experts, num_aux_topk)``."""
-    num_experts, k, idx = draw(routings())
+    """Cases of ``aux_fi(topk_idx int64 (T, K), num_experts, num_aux_topk)``; T is 1 more often than
+    `routings` draws it (`routings_or_one_token`)."""
+    num_experts, k, idx = draw(routings_or_one_token())
     num_aux_topk = draw(st.sampled_from(sorted({1, k, k + 1})))
     return Case(params={"num_experts": num_experts, "num_aux_topk": num_aux_topk},
                 inputs={"topk_idx": torch_copy(idx)})

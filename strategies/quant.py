@@ -44,7 +44,7 @@ from hypothesis.strategies import SearchStrategy
 
 import references.quant as ref
 from strategies import rarely, seeds, tensor_from_bits, torch_copy
-from strategies.classes import INT_OF_WIDTH, float_bits, in_turn, tagging
+from strategies.classes import INT_OF_WIDTH, draws_rng, float_bits, in_turn, tagging
 from tkverify import formats
 from tkverify.case import Case
 
@@ -425,6 +425,26 @@ def _num_per_channels(fmt: str, hidden: int) -> SearchStrategy[int]:
     return st.sampled_from([n for n in (*TOKEN_BLOCKS, hidden) if hidden % n == 0])
 
 
+# H not a multiple of the token_cast kernel's 8-element chunk (its rows are zero-padded to whole chunks),
+# with one block a row (num_per_channels = H); e2m1 needs an even H, e5m6 a multiple of 8 (none).
+TOKEN_TAIL_HIDDEN = {"e4m3": (7, 13, 100, 1001), "e2m1": (2, 12, 100, 1002)}
+TOKEN_CONFIG_STREAM = 15  # `draws_rng`'s stream of per_token_cast_cases' configuration choice
+TOKEN_TAIL_SHARE = 0.4
+
+
+def _token_configuration(draws: tuple, fmt: str, hidden: int, npc: int) -> tuple[str, int, int]:
+    """(dtype, H, num_per_channels) of a per-token cast: the dtype in turn, and in `TOKEN_TAIL_SHARE` of the
+    cases of a format that allows it an H with a partial 8-element chunk (`TOKEN_TAIL_HIDDEN`, one block a
+    row), else the drawn H and block.  The case's draws decide (`draws_rng`): the ci profile's few examples
+    repeat draws of their own, which left each (dtype, format) configuration of the kernel without a tail."""
+    rng = draws_rng(draws, TOKEN_CONFIG_STREAM)
+    dtype = tuple(DTYPES)[int(rng.integers(0, len(DTYPES)))]
+    if fmt in TOKEN_TAIL_HIDDEN and rng.random() < TOKEN_TAIL_SHARE:
+        hidden = int(rng.choice(TOKEN_TAIL_HIDDEN[fmt]))
+        npc = hidden
+    return dtype, hidden, npc
+
+
 @st.composite
 def per_token_cast_cases(draw, max_pins: int = 3) -> Case:
     """Cases of per_token_cast (and of per_token_cast_with_sf_only: the same parameters); `max_pins` as
@@ -435,6 +455,9 @@ def per_token_cast_cases(draw, max_pins: int = 3) -> Case:
     npc = draw(_num_per_channels(fmt, hidden))
     options = draw(sf_options(fmt))
     num_rows = draw(token_counts(hidden))
+    dtype, hidden, npc = _token_configuration((fmt, dtype, hidden, npc, sorted(options.items()), num_rows),
+                                              fmt, hidden, npc)
+    num_rows = min(num_rows, max(1, MAX_ELEMENTS // hidden))
     x, seed = draw(_values((num_rows, hidden), (1, npc), fmt, dtype, options["round_sf"], options["clamp_min"],
                            max_pins))
     return Case(params={"fmt": fmt, "num_per_channels": npc, **options},
@@ -567,34 +590,62 @@ CAST_BACK_ODD_HIDDEN = {"e4m3": (1, 3, 7, 12, 13, 100, 1001), "e2m1": (2, 6, 12,
 CAST_BACK_CHANNEL_HIDDEN = {"e4m3": (2, 6, 12, 13, 32, 128), "e2m1": (2, 6, 12, 32, 128)}
 
 
+# The cast_back kernel's paths (kernels.quant.dequant), each a configuration of its own per format and out
+# dtype: "block" (H a multiple of the out dtype's 16-byte chunk, bk > 1), "column" (the same H, bm x 1
+# blocks: an sf per element) and "flat" (H not a multiple of the chunk: a chunk may span rows); e5m6
+# (H % 8 == 0, 1 x H blocks) has the block path only.
+CAST_BACK_PATHS = ("block", "column", "flat")
+CAST_BACK_CHUNK = {"bf16": 8, "fp32": 4}  # out elements in a 16-byte chunk
+
+
+# (fmt, out dtype, path) of each cast_back configuration
+CAST_BACK_SALT = 14  # the stream of the configuration choice (cast_back_cases)
+CAST_BACK_KINDS = tuple((fmt, out, path) for fmt in FORMATS for out in CAST_BACK_CHUNK for path in CAST_BACK_PATHS
+                        if fmt != "e5m6" or path == "block")
+
+
+def _cast_back_geometry(rng: np.random.Generator, fmt: str, out_dtype: str, path: str) -> tuple[int, tuple[int, int]]:
+    """(H, block) of a cast_back case that takes `path`."""
+    chunk = CAST_BACK_CHUNK[out_dtype]
+    if path == "column":
+        hidden = int(rng.choice([h for h in CAST_BACK_CHANNEL_HIDDEN[fmt] if h % chunk == 0]))
+        return hidden, (int(rng.choice(CHANNEL_BLOCKS)), 1)
+    if path == "flat":  # per token with one block a row (npc = H), or per channel
+        if rng.random() < 0.5:
+            hidden = int(rng.choice([h for h in CAST_BACK_ODD_HIDDEN[fmt] if h % chunk]))
+            return hidden, (1, hidden)
+        hidden = int(rng.choice([h for h in CAST_BACK_CHANNEL_HIDDEN[fmt] if h % chunk]))
+        return hidden, (int(rng.choice(CHANNEL_BLOCKS)), 1)
+    if fmt == "e5m6" or rng.random() < 0.5:
+        hidden = int(rng.choice(HIDDEN_SIZES)) if rng.random() < 0.95 else LARGE_HIDDEN
+        npc = [n for n in (*TOKEN_BLOCKS, hidden) if hidden % n == 0] if fmt != "e5m6" else [hidden]
+        return hidden, (1, int(rng.choice(npc)))
+    block = PER_BLOCK_SIZES[int(rng.integers(0, len(PER_BLOCK_SIZES)))]
+    return int(rng.choice([h for h in (*HIDDEN_SIZES, 384) if h % block[1] == 0])), block
+
+
 @st.composite
 def cast_back_cases(draw) -> Case:
-    fmt = draw(st.sampled_from(FORMATS))
-    geometry = draw(st.sampled_from(("token", "block", "channel") if fmt != "e5m6" else ("token",)))
-    if geometry == "channel":
-        hidden = draw(st.sampled_from(CAST_BACK_CHANNEL_HIDDEN[fmt]))
-    elif geometry == "token" and fmt != "e5m6":
-        hidden = draw(rarely(hidden_sizes(), st.sampled_from(CAST_BACK_ODD_HIDDEN[fmt]), one_in=4))
-    else:
-        hidden = draw(hidden_sizes())
-    if geometry == "token":
-        block = (1, draw(_num_per_channels(fmt, hidden)))
-    elif geometry == "block":
-        block = draw(st.sampled_from(PER_BLOCK_SIZES))
-        hidden = draw(st.sampled_from([h for h in (*HIDDEN_SIZES, 384) if h % block[1] == 0]))
-    else:
-        block = (draw(st.sampled_from(CHANNEL_BLOCKS)), 1)
-    num_rows = draw(token_counts(hidden, block[0]))
+    """Cases of cast_back.  What the case's other draws and its seed give decides the kernel configuration
+    it takes (`CAST_BACK_KINDS`: format, out dtype, path), its H and block, and in 2 cases of 5 a single
+    row (empty batches stay): the ci profile's few examples then spread over the configurations, each with one row, more evenly
+    than draws of their own (hypothesis repeats a draw's value across examples)."""
+    seed = draw(seeds())
     storage = draw(st.sampled_from(("fp32", "ue8m0", "packed")))
     sf_kind = "pow2" if storage != "fp32" else draw(st.sampled_from(("plain", "pow2", "ties")))
-    rng = np.random.default_rng(draw(seeds()))
+    specials = draw(rarely(st.just(False), st.just(True), one_in=2))  # special sf values, every other case
+    pick = np.random.default_rng([seed, len(storage), len(sf_kind), int(specials), CAST_BACK_SALT])
+    fmt, out_dtype, path = CAST_BACK_KINDS[int(pick.integers(0, len(CAST_BACK_KINDS)))]
+    hidden, block = _cast_back_geometry(pick, fmt, out_dtype, path)
+    num_rows = draw(token_counts(hidden, block[0]))
+    num_rows = 1 if num_rows and pick.random() < 0.4 else num_rows  # empty batches stay
+    rng = np.random.default_rng(seed)
     codes = _random_codes(rng, (num_rows, hidden), fmt)
     rows, cols = ref.sf_grid(num_rows, hidden, block)
     sf = _random_sf(rng, (rows, cols), sf_kind)
-    if draw(rarely(st.just(False), st.just(True), one_in=2)) and sf.size:  # special values, every other case
+    if specials and sf.size:
         sf = with_special_sf(rng, sf, SF_SPECIALS if storage == "fp32" else (np.nan, 2.0**-127, 2.0**127))
     stored = ref.store_sf(sf, use_ue8m0=storage != "fp32", use_packed_ue8m0=storage == "packed")
-    out_dtype = draw(st.sampled_from(("bf16", "fp32")))
     return Case(params={"fmt": fmt, "block": list(block), "out_dtype": out_dtype},
                 inputs={"data": ref.pack_data(codes, fmt), "sf": stored})
 

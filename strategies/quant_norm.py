@@ -17,8 +17,9 @@ A case is drawn in three layers:
    fp32's largest value, where the contract leaves rstd and out free), ``cancelling residual``
    (residual = -x plus a few ULPs: s is the rounding residue).
 
-``norm_cast_cases`` adds per_token_cast's parameters and rows holding an infinity or a NaN
-(``class: inf row``, ``-inf row``, ``nan row``).  norm_cases' inputs are finite: the op's backward is judged on every case this strategy draws, and its
+``norm_cast_cases`` adds per_token_cast's parameters, rows holding an infinity or a NaN
+(``class: inf row``, ``-inf row``, ``nan row``), and drops the residual in half the cases (``class: no
+residual``; norm_cases keeps it: its backward's differentiable inputs name it).  norm_cases' inputs are finite: the op's backward is judged on every case this strategy draws, and its
 gradients are only defined on finite rows; rows with an infinity or a NaN are the unit tests'
 (tests/test_quant_norm.py), with the contract's IEEE semantics.
 """
@@ -83,9 +84,14 @@ def norm_cases(draw) -> Case:
 
 @st.composite
 def _norm_case(draw, non_finite: bool) -> Case:
-    dtype = draw(st.sampled_from(("bf16", "fp32")))
+    # Seeds of their own decide the dtype and, in 3 cases of 10, a single row (with H, the TileLang
+    # kernels' configuration and boundary): spread over the ci profile's few examples more evenly than
+    # draws of their own.
+    pick = np.random.default_rng([*draw(st.tuples(seeds(), seeds())), 23])
+    dtype = ("bf16", "fp32")[int(pick.integers(0, 2))]
     hidden = draw(rarely(st.sampled_from(HIDDEN_SIZES), st.just(LARGE_HIDDEN), one_in=20))
     tokens = draw(token_counts(hidden))
+    tokens = 1 if tokens and pick.random() < 0.3 else tokens  # empty batches stay
     eps = draw(st.sampled_from(EPS_VALUES))
     out_scale = draw(st.sampled_from(OUT_SCALES))
     rng = np.random.default_rng(draw(seeds()))
@@ -126,4 +132,8 @@ def norm_cast_cases(draw) -> Case:
     fmt = draw(st.sampled_from(("e4m3", "e2m1") if hidden % 2 == 0 else ("e4m3",)))
     npc = draw(st.sampled_from([n for n in (*TOKEN_BLOCKS, hidden) if hidden % n == 0]))
     options = draw(sf_options(fmt))
-    return Case(params={**case.params, "fmt": fmt, "num_per_channels": npc, **options}, inputs=case.inputs)
+    inputs = dict(case.inputs)
+    if draw(st.booleans()):  # no residual (norm_input is x itself): the TileLang forward's kernels without one
+        event("class: no residual")
+        del inputs["residual"]
+    return Case(params={**case.params, "fmt": fmt, "num_per_channels": npc, **options}, inputs=inputs)

@@ -24,11 +24,13 @@ from hypothesis import strategies as st
 
 import references.quant as ref
 from strategies import rarely, seeds, torch_copy
-from strategies.quant import (CHANNEL_BLOCKS, DTYPES, SPREADS, SWIGLU_CLAMPS, SWIGLU_FEATURES, _chosen_blocks,
+from strategies.classes import draws_rng
+from strategies.quant import (CHANNEL_BLOCKS, DTYPES, MAX_ELEMENTS, SPREADS, SWIGLU_CLAMPS, SWIGLU_FEATURES, _chosen_blocks,
                               build_swiglu_x, cast_input, nan_payload_seeds, round_to_dtype, sf_options, tagging,
                               token_counts)
 from tkverify.case import Case
 
+SWIGLU_VECTOR = 8  # elements of the plain SwiGLU kernel's 16-byte vector of bf16 (kernels.quant.swiglu_plain)
 # Row lengths H: partial vectors (1, 7, 12), partial 64-wide tiles (96, 136, 320), tile-kernels' multiples of 64.
 SWIGLU_HIDDEN = (1, 7, 12, 64, 96, 128, 136, 256, 320)
 EXTRA_FEATURES = ("saturated_l", "zero_row", "padding")
@@ -83,19 +85,39 @@ def _x_values(draw, seed: int, num_rows: int, hidden: int, dtype: str, clamp, fe
     return x
 
 
+SWIGLU_CONFIG_STREAM = 19  # `draws_rng`'s stream of swiglu_cases' configuration choice
+SINGLE_ROW_SHARE = 0.4
+
+
+def _swiglu_configuration(draws: tuple, hidden: int, num_rows: int) -> tuple[str, str, int, int]:
+    """(x dtype, out format, H, rows) of a quant.swiglu case: each (dtype, format, H a multiple of the
+    kernel's 8-element vector or not) configuration in turn, H from `SWIGLU_HIDDEN`, and a single row in
+    `SINGLE_ROW_SHARE` of the non-empty cases.  The case's draws decide (`draws_rng`): the ci profile's few
+    examples repeat draws of their own, which left configurations unlaunched or without one row."""
+    rng = draws_rng(draws, SWIGLU_CONFIG_STREAM)
+    which = int(rng.integers(0, 2 * len(DTYPES) * len(OUT_FORMATS)))
+    dtype, fmt = tuple(DTYPES)[which % 2], OUT_FORMATS[which // 2 % 2]
+    vectorized = which // 4 == 0
+    hidden = int(rng.choice([h for h in SWIGLU_HIDDEN if (h % SWIGLU_VECTOR == 0) == vectorized]))
+    num_rows = min(num_rows, max(1, MAX_ELEMENTS // (2 * hidden)))
+    return dtype, fmt, hidden, 1 if num_rows and rng.random() < SINGLE_ROW_SHARE else num_rows
+
+
 @st.composite
 def swiglu_cases(draw) -> Case:
-    """quant.swiglu: x (N, 2H) bf16 / fp32, fmt bf16 / fp32, clamp, routing."""
-    dtype = draw(st.sampled_from(tuple(DTYPES)))
+    """quant.swiglu: x (N, 2H) bf16 / fp32, fmt bf16 / fp32, clamp, routing; the dtypes, H and a single row
+    as `_swiglu_configuration` chooses them."""
     hidden = draw(st.sampled_from(SWIGLU_HIDDEN))
     num_rows = draw(token_counts(2 * hidden))
     clamp = draw(st.sampled_from(SWIGLU_CLAMPS))
     features = _features(draw)
     seed = draw(seeds())
+    payload_seed = draw(nan_payload_seeds())
+    dtype, fmt, hidden, num_rows = _swiglu_configuration(
+        (hidden, num_rows, clamp, sorted(features.items()), seed, payload_seed), hidden, num_rows)
     x = _x_values(draw, seed, num_rows, hidden, dtype, clamp, features, nonfinite_share=1 / 3)
-    inputs = {"x": cast_input(x, dtype, draw(nan_payload_seeds()))}
+    inputs = {"x": cast_input(x, dtype, payload_seed)}
     inputs.update(_routing(draw, np.random.default_rng(seed + 1), num_rows, features))
-    fmt = draw(st.sampled_from(OUT_FORMATS))
     return Case(params={"fmt": fmt, "clamp": clamp}, inputs=inputs)
 
 

@@ -30,6 +30,9 @@ BATCHES = (1, 2, 3, 7)
 TAIL_DIMS = (1, 63, 64, 65, 127, 128, 129)
 PRIME_DIMS = (2, 3, 5, 13, 31, 67, 131, 257)
 LARGE_DIMS = (1, 1024, 1031, 2047, 2048, 2049)
+# Sizes that are multiples of 16 (and so of 16 bytes' worth of elements of every width), the vectorised
+# kernels' condition on M and N: below, at and past their tiles (64 to 256 elements a side).
+VECTOR_DIMS = (16, 48, 64, 128, 144, 256, 272)
 # Batches are thinned out where B * M * N would pass this many elements.
 MAX_ELEMENTS = 1 << 23
 
@@ -106,6 +109,10 @@ def _transposable_x(draw, batched: bool) -> torch.Tensor:
     # the sizes of `dims` alone reach too seldom for the ci profile's examples.
     rows = draw(rarely(dims(), st.just(1), one_in=4) if batched else dims())
     columns = draw(dims())
+    # One time in two both sizes are multiples of 16 (`VECTOR_DIMS`), which `dims` seldom draws together:
+    # each width's vectorised kernel runs, with whole and partial tiles.
+    if draw(rarely(st.just(False), st.just(True), one_in=2)):
+        rows, columns = draw(st.sampled_from(VECTOR_DIMS)), draw(st.sampled_from(VECTOR_DIMS))
     shape: tuple[int, ...] = (rows, columns)
     if batched:
         batch = draw(st.sampled_from([b for b in BATCHES if b * rows * columns <= MAX_ELEMENTS]))

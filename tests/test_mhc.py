@@ -689,6 +689,23 @@ def test_apply_and_post_strategy_features():
         assert 1 in hidden and any(h % 8 for h in hidden if h > 8) and max(hidden) >= 4095, (spec.name, hidden)
 
 
+def test_strategies_draw_their_dispatch_corners():
+    """The corners `corner_sizes` plants come with the drawn cases (post's single vectorised rows at m 2, 3,
+    its kernels padded to 4 streams, and vectorised rows at m 5 .. 7; pre_split_mixes' single rows at m <= 4
+    and m > 4), and a corner keeps a b m H within MIX_ELEMENTS."""
+    post = [c.inputs["residual"].shape for c in _draw_many(strat.post_cases(), 100)]
+    assert any(a * b == 1 and m in (2, 3) and h % 8 == 0 for a, b, m, h in post)
+    assert any(a * b and m in (5, 6, 7) and h % 8 == 0 for a, b, m, h in post)
+    split = [(c.inputs["mixes"].shape[0] * c.inputs["mixes"].shape[1], c.params["m"])
+             for c in _draw_many(strat.pre_split_mixes_cases(), 100)]
+    assert any(rows == 1 and m <= 4 for rows, m in split) and any(rows == 1 and m > 4 for rows, m in split)
+    for draws in range(20):
+        (m, a, b, h), corner = strat.corner_sizes((draws,), (8, 3, 129, 7169), strat.POST_CORNERS, share=1.0)
+        assert corner in strat.POST_CORNERS and h % 8 == 0 and m in corner.m
+        assert 1 <= a * b * m * h <= strat.MIX_ELEMENTS
+        assert (a, b) == (1, 1) if corner.single else a == 3
+
+
 def test_benchmark_shapes_run_and_count_their_bytes(monkeypatch):
     """Every mhc benchmark shape (smaller b here) runs on the eager implementation, and nbytes
     counts each tensor read and written once."""

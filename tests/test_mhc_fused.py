@@ -266,6 +266,8 @@ def test_strategy_features():
     assert any(c.inputs["fn"].shape[1] == 0 for c in merge)
     assert any((c.inputs["normw"] == 0).any() for c in merge)
     assert len({c.inputs["fn"].shape[0] for c in merge}) >= 4  # several m (m + 2), and m
+    single = [c.inputs["fn"].shape[1] for c in merge if c.inputs["fn"].shape[0] == 1]  # M = 1: single rows
+    assert any(k % strat.MERGE_VECTOR == 0 for k in single) and any(k % strat.MERGE_VECTOR for k in single)
     reduce = _draw_many(strat.reduce_partials_and_rmsnorm_cases())
     assert all((c.inputs["sqrsum_splitted"] >= 0).all() for c in reduce)
     assert any(c.inputs["out_mul_splitted"].shape[1] == 0 for c in reduce)  # empty batches

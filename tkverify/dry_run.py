@@ -183,7 +183,34 @@ def configure_parser(p: Any) -> Any:
     p.add_argument("--profile", default="ci", help="the hypothesis profile whose examples are measured (default ci)")
     p.add_argument("--seed", type=int, default=None, help="hypothesis' seed (as pytest's --hypothesis-seed)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="write DIR/coverage.json")
+    p.add_argument("--write-gaps", type=Path, default=None, metavar="FILE",
+                   help="write the gaps to FILE (tests/data/reach-gaps.txt: what tests/test_dry_run.py holds the ci "
+                        "examples to), headed by the hypothesis version that drew them")
     return p
+
+
+GAPS_HEADER = "# hypothesis {version}, max_examples {examples}"
+
+
+def draws_signature() -> str:
+    """What decides the ci examples besides the code: hypothesis' version and the profile's max_examples."""
+    import hypothesis
+    from hypothesis import settings
+
+    return GAPS_HEADER.format(version=hypothesis.__version__, examples=settings().max_examples)
+
+
+def write_gaps(path: Path, missing: list[str]) -> None:
+    """The gaps, one a line, after a line naming the draws they are of (`draws_signature`)."""
+    path.write_text(draws_signature() + "\n" + "".join(f"{gap}\n" for gap in sorted(missing)))
+
+
+def read_gaps(path: Path) -> tuple[str, list[str]]:
+    """(the draws' signature line, the gaps) of a file `write_gaps` wrote."""
+    lines = path.read_text().splitlines()
+    if not lines or not lines[0].startswith("# hypothesis "):
+        raise ValueError(f"{path}: the first line must be the draws' signature, {GAPS_HEADER!r}")
+    return lines[0], [line for line in lines[1:] if line.strip()]
 
 
 def main(args: Any) -> int:
@@ -213,6 +240,8 @@ def main(args: Any) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "coverage.json").write_text(json.dumps(listed, separators=(",", ":"), sort_keys=True))
+    if args.write_gaps is not None:
+        write_gaps(args.write_gaps, missing)
     for row, n in sorted(result.errors.counts.items()):
         print(f"stubbed call raised in {n} examples of {row}: {result.errors.first[row]}")
     for gap in missing:

@@ -27,8 +27,11 @@ from strategies.classes import tagging
 from tkverify.case import Case
 
 # Static parameters: E and k select a compiled kernel.  E covers 1..1024 with
-# values on and off the 32-lane warp width; k stays <= 32 and <= E.
-EXPERT_COUNTS = (1, 2, 7, 31, 33, 64, 100, 255, 256, 384, 1000, 1024)
+# values on and off the 32-lane warp width, grouped by the lanes a row is padded
+# to (the gates' configurations: 32, 64, ..., 1024), each group with a count
+# short of its width (padded lanes); k stays <= 32 and <= E.
+EXPERTS_BY_WIDTH = ((1, 2, 7, 31), (33, 64), (100,), (255, 256), (384,), (1000, 1024))
+EXPERT_COUNTS = tuple(e for counts in EXPERTS_BY_WIDTH for e in counts)
 TOPK_VALUES = (1, 2, 4, 8, 9, 32)
 
 # Token counts: mostly small (fast), tails of common token tiles, and about
@@ -62,6 +65,12 @@ def token_counts() -> SearchStrategy[int]:
     common = st.one_of(st.integers(0, 17), st.sampled_from(TOKEN_TAILS), st.integers(0, 300))
     odd_up_to_largest = st.integers(0, LARGEST_TOKENS // 2).map(lambda n: 2 * n + 1)
     return rarely(common, odd_up_to_largest, one_in=16)
+
+
+@st.composite
+def expert_counts(draw) -> int:
+    """E: a padded width (`EXPERTS_BY_WIDTH`), each as often as the others, then an expert count of it."""
+    return draw(st.sampled_from(draw(st.sampled_from(EXPERTS_BY_WIDTH))))
 
 
 # -- base distributions: rng, shape -> float32 array ----------------------------
@@ -290,7 +299,7 @@ def _pinned_values(draw, num_tokens: int, num_experts: int) -> list[tuple[int, i
 @st.composite
 def topk_gate_cases(draw) -> Case:
     """Cases of ``topk_gate(scores f32 (T, E), k)``."""
-    num_experts = draw(st.sampled_from(EXPERT_COUNTS))
+    num_experts = draw(expert_counts())
     k = draw(st.sampled_from([k for k in TOPK_VALUES if k <= num_experts]))
     num_tokens = draw(token_counts())
     base = draw(st.sampled_from(tuple(BASES)))

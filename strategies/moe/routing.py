@@ -201,17 +201,25 @@ def _beyond_groups(rng: np.random.Generator, idx: np.ndarray, num_groups: int) -
     idx[mask] = values[rng.integers(0, values.size, size=idx.shape)][mask]
 
 
+def _single_entry() -> SearchStrategy[bool]:
+    return rarely(st.just(False), st.just(True), one_in=3)
+
+
 @st.composite
 def group_count_cases(draw) -> Case:
-    """Cases of ``group_count(idx int32|int64 (T, K), num_groups)``."""
+    """Cases of ``group_count(idx int32|int64 (T, K), num_groups)``; one case in three keeps the first entry
+    of a non-empty routing alone (T = K = 1: a launch over a single element, which routings seldom draw)."""
     num_groups, _, idx = draw(_built(routings))
+    if draw(_built(_single_entry)) and idx.size:
+        idx = idx[:1, :1].copy()
     if draw(_built(st.booleans)):
         _beyond_groups(np.random.default_rng([draw(_seeds())]), idx, num_groups)
     dtype = draw(_choice((np.int64, np.int32)))
     return Case(params={"num_groups": num_groups}, inputs={"idx": torch_copy(idx.astype(dtype))})
 
 
-def _routings_or_one_token() -> SearchStrategy[tuple[int, int, np.ndarray]]:
+def routings_or_one_token() -> SearchStrategy[tuple[int, int, np.ndarray]]:
+    """`routings` with T = 1 about one case in five (`_tokens_or_one`)."""
     return routings(_tokens_or_one)
 
 
@@ -219,7 +227,7 @@ def _routings_or_one_token() -> SearchStrategy[tuple[int, int, np.ndarray]]:
 def fused_mapping_cases(draw) -> Case:
     """Cases of ``fused_mapping(topk_idx int64 (T, K), num_experts, alignment)``; T is 1 more often than
     `routings` draws it (`_tokens_or_one`)."""
-    num_experts, _, idx = draw(_built(_routings_or_one_token))
+    num_experts, _, idx = draw(_built(routings_or_one_token))
     alignment = draw(_choice(ALIGNMENTS))
     return Case(params={"num_experts": num_experts, "alignment": alignment}, inputs={"topk_idx": torch_copy(idx)})
 
@@ -246,13 +254,19 @@ def build_positions(seed: int, idx: np.ndarray, num_experts: int, alignment: int
 
 
 @st.composite
-def _routed(draw) -> tuple[int, np.ndarray, int, int]:
-    """(K, token_topk_to_pos, N, seed) of a drawn routing."""
-    num_experts, k, idx = draw(_built(routings))
+def _routed(draw, routed: Callable[[], SearchStrategy] = routings) -> tuple[int, np.ndarray, int, int]:
+    """(K, token_topk_to_pos, N, seed) of a routing drawn by `routed`."""
+    num_experts, k, idx = draw(_built(routed))
     seed = draw(_seeds())
     positions, num_rows = build_positions(seed, idx, num_experts, draw(_choice(ALIGNMENTS)),
                                           draw(_choice(POSITION_LAYOUTS)))
     return k, positions, num_rows, seed
+
+
+def _routed_or_one_token() -> SearchStrategy[tuple[int, np.ndarray, int, int]]:
+    """`_routed` with T = 1 more often (`routings_or_one_token`): each of expand_to_fused's row and
+    sf-column configurations meets a single token."""
+    return _routed(routings_or_one_token)
 
 
 def _hidden_size(draw, *row_counts: int) -> int:
@@ -289,7 +303,7 @@ def _with_infinities(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
 def expand_to_fused_cases(draw) -> Case:
     """Cases of ``expand_to_fused(x (T, H), token_topk_to_pos, num_expanded_rows)``; in half the cases of a
     dtype with infinities (the seed decides) some of x's elements are infinite (`_with_infinities`)."""
-    _, positions, num_rows, seed = draw(_built(_routed))
+    _, positions, num_rows, seed = draw(_built(_routed_or_one_token))
     hidden = _hidden_size(draw, num_rows, positions.shape[0])
     dtype = draw(_choice(EXPAND_DTYPES))
     x = tensor_from_bits(keyed_bits(seed, (positions.shape[0], hidden), dtype), dtype)
@@ -320,7 +334,7 @@ def expand_to_fused_with_sf_cases(draw) -> Case:
     ``sf_layout`` ("row_major" or "tma_column_major") says how x_sf is stored
     for the call; the case holds its logical (T, G) values.
     """
-    _, positions, num_rows, seed = draw(_built(_routed))
+    _, positions, num_rows, seed = draw(_built(_routed_or_one_token))
     num_tokens = positions.shape[0]
     hidden = _hidden_size(draw, num_rows, num_tokens)
     dtype = draw(_choice(QUANTISED_DTYPES))
