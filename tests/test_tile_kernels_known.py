@@ -87,6 +87,11 @@ FINDING_CASES = [
      "was rewritten.", "F20"),
     ("2.1.0/mhc.reduce_partials_and_rmsnorm-F15-empty-batch-size35.json", "2.1.0", False, None,
      "InternalError: Check failed: (has_best) is false: no available layout found", "F15"),
+    ("2.1.0/quant.norm_forward_and_per_token_cast-F1-nan.json", "2.1.0", False, {"sf"}, "", "F1"),
+    ("2.1.0/mhc.reduce_partials_and_rmsnorm-F21-width35-one-token.json", "2.1.0", False, None,
+     "InternalError: Check failed: (has_best) is false: no available layout found", "F21"),
+    ("2.1.0/mhc.reduce_partials_and_rmsnorm-F21-width35-one-token-gradients.json", "2.1.0", True, None,
+     "InternalError: Check failed: (has_best) is false: no available layout found", "F21"),
     ("1.0.0/mhc.norm_fn-G15-empty-k.json", "1.0.0", False, None,
      "InternalError: Check failed: (wl.grid_dim(0) > 0 && wl.grid_dim(1) > 0 && wl.grid_dim(2) > 0) is false: "
      "CUDALaunch Error: grid dimension must be positive, but got grid=(24,0,1)", "F15"),

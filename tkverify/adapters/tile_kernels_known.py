@@ -180,6 +180,17 @@ def _one_row_hidden_32(op: str, case: Case) -> bool:
     return tuple(case.inputs["grad_out"].shape) == (1, 32)
 
 
+def _non_finite_norm_input(op: str, case: Case) -> bool:
+    """A NaN or infinity in x or the residual: the normalised row holds NaN (inf / inf, inf * 0) in its blocks."""
+    return any(bool((~torch.isfinite(case.inputs[k].float())).any()) for k in ("x", "residual")
+               if case.inputs.get(k) is not None)
+
+
+def _reduce_width_35(op: str, case: Case) -> bool:
+    """F21's cases: out_mul_splitted of width 35 (the size scan of F15 found no layout there)."""
+    return case.inputs["out_mul_splitted"].shape[-1] == 35
+
+
 FINDINGS = (
     Finding("F1", "a NaN in a block: the sf skips it (NaN-ignoring amax)", BOTH,
             (*_TOKEN_CASTS, _SWIGLU), _has_nan, outputs=frozenset({"sf"})),
@@ -238,6 +249,11 @@ FINDINGS = (
     Finding("G12", "expand_to_fused (with or without sf) with no token: rows left unwritten (not zero)", ("1.0.0",),
             ("moe.expand_to_fused", "moe.expand_to_fused_with_sf"), _no_token_some_rows,
             outputs=frozenset({"out", "sf"})),
+    Finding("F1", "a NaN in a block: the sf skips it (NaN-ignoring amax), in the norm's cast (a NaN from an "
+            "infinity in the row)", ("2.1.0",), ("quant.norm_forward_and_per_token_cast",), _non_finite_norm_input,
+            outputs=frozenset({"sf"})),
+    Finding("F21", "reduce_partials_and_rmsnorm at width 35: a TileLang layout error, with tokens too", ("2.1.0",),
+            ("mhc.reduce_partials_and_rmsnorm",), _reduce_width_35, error=r"no available layout found"),
     Finding("G14", "per_block_cast, a +-inf in a block: sf inf instead of NaN, and with round_sf data +-448 "
             "(F2 in the block cast)", ("1.0.0",), ("quant.per_block_cast",), _inf_in_x, outputs=frozenset({"sf", "data"})),
     Finding("F15", "an empty batch: zero-size grid launch (1.0.0's fused pre-block, G15)", ("1.0.0",),

@@ -41,8 +41,16 @@ def _require_release() -> None:
         raise Unsupported(f"tile-kernels {installed_version()} lacks moe.topk_gate_scored: {why}")
 
 
+def _refuse_non_finite_logits(logits) -> None:
+    """2.1.0's gate device-asserts on a NaN or infinite logit (seen in its fuzz run of 2026-12-02: cases with one
+    inf logit; the same guard as its topk_gate's and top2_sum_gate's), which would end the CUDA context."""
+    if isinstance(logits, torch.Tensor) and logits.dtype.is_floating_point and not bool(torch.isfinite(logits).all()):
+        raise Unsupported(f"tile-kernels {installed_version()} moe_topk_gate_forward device-asserts on a NaN or infinite logit")
+
+
 def topk_gate_scored(logits, bias, k, routed_scaling_factor):
     _require_release()
+    _refuse_non_finite_logits(logits)
     scores = torch.empty_like(logits) if isinstance(logits, torch.Tensor) else None
     topk_idx, topk_weights = _call(_tk("moe").moe_topk_gate_forward, logits, k, False, 0, routed_scaling_factor, 0,
                                    scoring_func=SCORING, bias=bias, scores=scores)
@@ -52,6 +60,7 @@ def topk_gate_scored(logits, bias, k, routed_scaling_factor):
 def topk_gate_scored_bwd(grad_topk_weights, logits, bias, topk_idx, topk_weights, scores, k,
                          routed_scaling_factor):
     _require_release()
+    _refuse_non_finite_logits(logits)
     return _call(_tk("moe").moe_topk_gate_backward, scores, topk_idx, topk_weights, grad_topk_weights,
                  routed_scaling_factor, scoring_func=SCORING)
 
