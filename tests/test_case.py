@@ -142,6 +142,27 @@ def test_replay_takes_several_case_files_in_one_process(tmp_path, capsys, monkey
     assert cli.main(["replay", str(bad), "--load", "broken"]) == 1
 
 
+def test_replay_goes_on_in_a_fresh_process_once_the_cuda_context_is_lost(tmp_path, capsys, monkeypatch):
+    """A device-side assert ends the CUDA context of its process, and every later case would fail with it: the
+    cases left after one that lost the context replay in a new process, whose verdict counts."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    ties = Case(params={"k": 1}, inputs={"scores": torch.ones(2, 5)})
+    first = save_case(tmp_path / "first", ties, op="moe.topk_gate", impl="torch")
+    rest = [save_case(tmp_path / f"rest{i}", ties, op="moe.topk_gate", impl="ties_high") for i in range(2)]
+    lost = iter([True])
+    monkeypatch.setattr(cli, "cuda_context_lost", lambda: next(lost, False))
+    fresh = []
+    monkeypatch.setattr(cli, "_replay_in_fresh_process", lambda paths, args: fresh.append(paths) or 1)
+    assert cli.main(["replay", str(first), *map(str, rest), "--load", "broken"]) == 1
+    out = capsys.readouterr().out
+    assert fresh == [[str(p) for p in rest]]  # the two left, in one new process
+    assert "the CUDA context was lost in" in out and out.count("=== ") == 1
+    assert "FAIL        (2 cases, fresh process: above)" in out
+    monkeypatch.undo()
+    if not torch.cuda.is_available():
+        assert cli.cuda_context_lost() is False  # without CUDA there is no context to lose
+
+
 def _drawn_layouts() -> dict[str, torch.Tensor]:
     """A row-strided x (a slice of rows twice as wide, NaN padding) and a batch slice (``buf[1:3]``)."""
     g = torch.Generator().manual_seed(1)

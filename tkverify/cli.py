@@ -73,7 +73,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if len(args.paths) == 1:
         return _replay_one(Path(args.paths[0]), args.impl)
     verdicts = []
-    for path in args.paths:
+    for i, path in enumerate(args.paths):
         print(f"=== {path}", flush=True)
         try:
             rc = _replay_one(Path(path), args.impl)
@@ -82,11 +82,46 @@ def cmd_replay(args: argparse.Namespace) -> int:
             rc = 2
         verdicts.append((rc, path))
         print(flush=True)
-    print(f"replayed {len(verdicts)} case files" + (f" against {args.impl}" if args.impl else ""))
+        rest = args.paths[i + 1:]
+        if rest and cuda_context_lost():
+            # a device-side assert (or a fault) ends the CUDA context of the process: every later call would
+            # raise it again, so the cases left go to a fresh process
+            print(f"tkverify replay: the CUDA context was lost in {path}; the {len(rest)} cases left replay in a "
+                  "fresh process", flush=True)
+            verdicts.append((_replay_in_fresh_process(rest, args), f"({len(rest)} cases, fresh process: above)"))
+            break
+    print(f"replayed {len(args.paths)} case files" + (f" against {args.impl}" if args.impl else ""))
     for rc, path in verdicts:
         print(f"  {_VERDICTS[rc]:<11} {path}")
     codes = {rc for rc, _ in verdicts}
     return next((rc for rc in (1, 2, UNSUPPORTED_EXIT) if rc in codes), 0)
+
+
+def cuda_context_lost() -> bool:
+    """Whether this process's CUDA context is gone (a device-side assert or a fault in an earlier call: every
+    later CUDA call raises it again); False where CUDA was never used."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - any error here is the lost context
+        return True
+    return False
+
+
+def _replay_in_fresh_process(paths: list[str], args: argparse.Namespace) -> int:
+    """`tkverify replay` of `paths` in a new Python process (its output goes to ours); its exit status."""
+    import subprocess
+
+    command = [sys.executable, "-m", "tkverify.cli", "replay", *paths]
+    if args.impl:
+        command += ["--impl", args.impl]
+    for module in args.load or []:
+        command += ["--load", module]
+    sys.stdout.flush()
+    return subprocess.call(command)
 
 
 def _replay_one(path: Path, impl_name: str | None) -> int:
