@@ -169,3 +169,22 @@ def test_the_report_names_the_commit_seed(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     meta = json.loads((tmp_path / "report.json").read_text())["meta"]
     assert meta["seed"] == profiles.seed_of_commit("abc123") and meta["profile"] == "ci-seeded"
+
+
+def test_a_worker_that_lost_its_cuda_context_exits_for_a_new_one():
+    """After a device-side assert every later CUDA call of the process fails: an xdist worker ends itself (xdist
+    reports the test as crashed and a new worker takes the rest); a run without xdist goes on with a warning."""
+    import types
+
+    from tkverify import plugin
+
+    exits = []
+    worker = types.SimpleNamespace(stash={}, workerinput={"workerid": "gw3"})
+    lone = types.SimpleNamespace(stash={})
+    assert not plugin.end_worker_if_cuda_context_lost(worker, "t::a", exit=exits.append, lost=lambda: False)
+    assert exits == []
+    assert plugin.end_worker_if_cuda_context_lost(worker, "t::a", exit=exits.append, lost=lambda: True)
+    assert exits == [3]
+    with pytest.warns(UserWarning, match="lost the CUDA context"):
+        assert plugin.end_worker_if_cuda_context_lost(lone, "t::a", exit=exits.append, lost=lambda: True)
+    assert exits == [3]

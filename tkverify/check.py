@@ -77,6 +77,18 @@ def name_outputs(spec: OpSpec, result: Any, who: str) -> dict[str, Any]:
     return dict(zip(names, result))
 
 
+def cuda_context_lost() -> bool:
+    """Whether this process's CUDA context is gone (a device-side assert or a fault in an earlier call: every
+    later CUDA call raises it again); False where CUDA was never used."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - any error here is the lost context
+        return True
+    return False
+
+
 def run_impl(spec: OpSpec, impl: Impl, case: Case, timings: dict[str, float] | None = None) -> dict[str, Any]:
     """The implementation's outputs on `case`; `timings` (if given) gets the seconds spent
     moving the inputs to its device ("transfer") and running it to completion ("impl")."""

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tkverify import profiles, registry
+from tkverify.check import cuda_context_lost
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -95,20 +96,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"  {_VERDICTS[rc]:<11} {path}")
     codes = {rc for rc, _ in verdicts}
     return next((rc for rc in (1, 2, UNSUPPORTED_EXIT) if rc in codes), 0)
-
-
-def cuda_context_lost() -> bool:
-    """Whether this process's CUDA context is gone (a device-side assert or a fault in an earlier call: every
-    later CUDA call raises it again); False where CUDA was never used."""
-    import torch
-
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return False
-    try:
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001 - any error here is the lost context
-        return True
-    return False
 
 
 def _replay_in_fresh_process(paths: list[str], args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -311,10 +312,32 @@ def _write_shard(config: pytest.Config, complete: bool) -> None:
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     state = item.config.stash.get(_STATE, None)
-    if state is None or state["report"] is None:
-        return
-    if time.monotonic() - state.get("shard_written", 0.0) >= SHARD_EVERY_S:
+    if state is not None and state["report"] is not None \
+            and time.monotonic() - state.get("shard_written", 0.0) >= SHARD_EVERY_S:
         _write_shard(item.config, complete=False)
+    end_worker_if_cuda_context_lost(item.config, item.nodeid)
+
+
+def end_worker_if_cuda_context_lost(config: pytest.Config, nodeid: str, exit=os._exit, lost=None) -> bool:
+    """After a test that lost this process's CUDA context (a device-side assert ends it: every later CUDA call
+    raises it again, and each later test of the worker would fail for it), an xdist worker writes its shard and
+    exits, so that xdist reports the test as crashed and runs the rest in a new worker.  Without xdist the
+    run goes on, warned.  Returns whether the context was lost."""
+    from tkverify.check import cuda_context_lost
+
+    if not (lost or cuda_context_lost)():
+        return False
+    message = f"tkverify: {nodeid} lost the CUDA context of this process"
+    if worker_id(config) is None:
+        warnings.warn(f"{message}: every later CUDA test of this run fails for it (run under pytest-xdist to "
+                      "have a new worker take the rest)", stacklevel=1)
+        return True
+    state = config.stash.get(_STATE, None)
+    if state is not None and state["report"] is not None:
+        _write_shard(config, complete=False)
+    print(f"{message}: the worker exits, a new one takes the tests left", file=sys.stderr, flush=True)
+    exit(3)
+    return True
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
