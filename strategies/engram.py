@@ -7,9 +7,7 @@ A case is drawn in four layers, each a few hypothesis choices:
    about once in eight cases), hc from 1 to 8, eps and the clamp c from small
    sets (the default c = 1e-6 first), and T (0, 1, small odd counts and tails,
    capped so that T hc H stays under ``MAX_ELEMENTS`` for CPU time, but one
-   token always fits); in about half the cases one of ``CORNERS`` (`_corner`):
-   a single token, or H of the mid-size (1032, 4096) or widest (4104, 7168)
-   kernels;
+   token always fits);
 2. a base distribution for x, k, v (normal at a drawn scale, log-uniform
    magnitudes over 2^-30..2^30, or small integers) and for w (normal, or
    positive like a product of norm weights);
@@ -40,7 +38,6 @@ from hypothesis import event, strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from strategies import rarely, seeds, torch_copy
-from strategies.classes import draws_rng
 from tkverify.case import Case
 
 HIDDEN_SIZES = (64, 128)
@@ -58,15 +55,6 @@ MAX_W = 2.0**32  # |w| (the spec's judged domain)
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
 BF16_MIN_SUBNORMAL = 2.0**-133
 BF16_MIN_NORMAL = 2.0**-126
-
-# Corners of the kernels' dispatch, planted in about CORNER_SHARE of the cases, the seed deciding which
-# (`_corner`): a single token; H of the mid-size kernels (rows of 1025 .. 4096 elements: the forward's
-# 256 threads x 2 chunks, the backward's 512 threads) and of the widest (4097 .. 7168: 896 threads), each
-# of those with a single token (hc rows of H elements: the gradient checks' cost grows with T hc H).
-CORNERS = ("single_token", "mid_hidden", "wide_hidden")
-CORNER_SHARE = 1 / 2
-MID_HIDDEN = (1032, 4096)
-WIDE_HIDDEN = (4104, LARGE_HIDDEN)
 
 ROW_SPREADS = ("first", "last", "some", "all")
 Z_TARGETS = ("below", "at", "just_above", "far")
@@ -201,27 +189,13 @@ def _plant_z(rng, x: torch.Tensor, k: torch.Tensor, w: np.ndarray, eps: float, c
         w[head] = (w[head] * factor).astype(np.float32)
 
 
-def _corner(draws: tuple, hidden: int, heads: int, drawn: int) -> tuple[int, int]:
-    """(H, T): the drawn H and the drawn token count, capped so that T hc H <= MAX_ELEMENTS (one token
-    always fits); or in about CORNER_SHARE of the cases one of CORNERS, the case's draws deciding
-    (`draws_rng`, so that they stay as they are): hidden_sizes() leaves the kernels for rows beyond 128
-    elements to one case in eight, and the ci profile's examples seldom draw a single token."""
-    rng = draws_rng((draws, hidden, heads, drawn), 10)
-    corner = CORNERS[int(rng.integers(0, len(CORNERS)))] if rng.random() < CORNER_SHARE else None
-    if corner == "single_token":
-        drawn = 1
-    elif corner is not None:
-        hidden = int(rng.choice(MID_HIDDEN if corner == "mid_hidden" else WIDE_HIDDEN))
-        drawn = 1
-    return hidden, min(drawn, max(1, MAX_ELEMENTS // (heads * hidden)))
-
-
 @st.composite
 def engram_gate_cases(draw) -> Case:
     """Cases of ``engram_gate_fwd(x, k, v, w, eps, clamp)`` (params eps, clamp)."""
     hidden = draw(hidden_sizes())
     heads = draw(st.integers(1, MAX_HEADS))
     drawn = draw(token_counts())
+    tokens = min(drawn, max(1, MAX_ELEMENTS // (heads * hidden)))
     eps = draw(st.sampled_from(EPS_VALUES))
     clamp = draw(st.sampled_from(CLAMP_VALUES))
     base = draw(st.sampled_from(BASES))
@@ -234,8 +208,6 @@ def engram_gate_cases(draw) -> Case:
                                      st.sampled_from(("first", "last", "random")), st.booleans()),
                            max_size=heads, unique_by=lambda plant: plant[0]))
     seed = draw(seeds())
-    draws = (eps, clamp, base, scale, w_base, w_scale, sorted(rows.items()), sorted(tensor_features), plants, seed)
-    hidden, tokens = _corner(draws, hidden, heads, drawn)
 
     rng = np.random.default_rng([seed])
     x = _base(rng, base, (tokens, heads, hidden), scale)

@@ -29,6 +29,20 @@ def test_stubbed_launch_records_the_config_and_launches_nothing():
         batched_transpose(x)
 
 
+def test_the_wrappers_reach_the_stubbed_names_through_the_module():
+    """`stubbed_launches` replaces kernels._tilelang's compiled_kernel, require_cuda and target_for: a wrapper
+    that imported one of them by name would keep the real one (or, imported inside a stubbed block, the stub)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "kernels"
+    stubbed = {"compiled_kernel", "require_cuda", "target_for"}
+    offenders = [f"{path.relative_to(root.parent)}:{node.lineno}" for path in root.rglob("*.py")
+                 for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("_tilelang")
+                 and stubbed & {a.name for a in node.names}]
+    assert not offenders, offenders
+
+
 def test_stand_in_returns_the_judged_outputs_and_keeps_the_inputs():
     calls = []
 

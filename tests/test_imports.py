@@ -48,9 +48,9 @@ def test_framework_and_adapters_never_import_our_kernels_or_the_libraries_under_
 def test_no_framework_oracle_or_strategy_source_imports_our_kernels():
     """Also the lazy imports inside functions (benchmark shapes, saved tensors): tkverify judges
     any implementation, and must work where our kernels cannot be imported (tile-kernels 1.0.0's
-    environment). Only the mutation catalogue wraps our eager implementations, and tkverify/coverage.py reads
-    our kernels' launch recorder and registry (lazily, and only once one of our kernels has launched), by
-    design."""
+    environment). Only the mutation catalogue wraps our eager implementations, tkverify/coverage.py reads
+    our kernels' launch recorder and registry (lazily, and only once one of our kernels has launched), and
+    tkverify/dry_run.py stubs that launch path to measure the kernels' reach without a GPU, by design."""
     import ast
     from pathlib import Path
 
@@ -58,7 +58,7 @@ def test_no_framework_oracle_or_strategy_source_imports_our_kernels():
     offenders = []
     for folder in ("tkverify", "references", "strategies"):
         for path in (root / folder).rglob("*.py"):
-            if "mutants" in path.parts or path == root / "tkverify" / "coverage.py":
+            if "mutants" in path.parts or path in (root / "tkverify" / "coverage.py", root / "tkverify" / "dry_run.py"):
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else \

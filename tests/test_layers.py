@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tools", ("tkverify.check", "tkverify.gradients", "tkverify.report.*", "tkverify.bench", "tkverify.ncu",
                "tkverify.profiles", "tkverify.plugin", "tkverify.cli", "tkverify.suite", "tkverify.mutants.*",
                "tkverify.adapters.*", "tkverify.diff", "tkverify.sweep.*", "tkverify.claims", "tkverify.poison",
-               "tkverify.coverage")),
+               "tkverify.coverage", "tkverify.dry_run")),
 )
 
 # Packages that share a layer but never import each other: an oracle is written from the maths and

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .._tilelang import require_cuda
+from .. import _tilelang
 from .dequant import cast_back
 from .token_cast import per_token_cast
 from ..torch.quant_castback import check_unpack_args, round_trip, unpack_rows
@@ -25,5 +25,5 @@ def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str = "e4m3", num_per_cha
 
 def unpack_from_e2m1fn_x2(x: torch.Tensor, out_dtype: Any = torch.float32) -> torch.Tensor:
     """The e2m1 values of packed codes (..., K) as (..., 2K), by the TileLang cast_back with a unit sf."""
-    require_cuda("x", check_unpack_args(x, out_dtype))  # x named before cast_back names its own argument
+    _tilelang.require_cuda("x", check_unpack_args(x, out_dtype))  # x named before cast_back names its own argument
     return unpack_rows(cast_back, x, out_dtype)

@@ -226,17 +226,27 @@ def catalogue() -> list[Mutant]:
 
 
 class _Tracker:
-    """Counts the examples drawn and notes the first failing one."""
+    """Counts the examples drawn and notes the first failing one.
+
+    An example is counted when the mutated implementation is first called in it (the hypothesis build context
+    of the call is a new one), not through the strategy: even a ``map`` that only counts adds a span to each
+    example, and hypothesis' mutations of later examples follow the spans, so the draws would no longer be the
+    differential suite's (on which the ci profile's catches and the claims are measured)."""
 
     def __init__(self, claims: ClaimsGate | None = None) -> None:
         self.drawn = 0
         self.first_failure: int | None = None
         self.failure = ""
         self.claims = claims
+        self._context = None  # the hypothesis build context counted last
 
-    def count(self, case: Any) -> Any:
-        self.drawn += 1
-        return case
+    def count_call(self) -> None:
+        from hypothesis.control import _current_build_context
+
+        context = _current_build_context.value
+        if context is not self._context:
+            self._context = context
+            self.drawn += 1
 
     def failed(self, why: str) -> None:
         if self.first_failure is None:
@@ -245,6 +255,7 @@ class _Tracker:
 
     def guarded(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
+            self.count_call()
             try:
                 return fn(*args, **kwargs)
             except Exception as e:
@@ -387,17 +398,18 @@ def run_mutant(mutant: Mutant, impl_name: str = "torch", *, models: bool = False
     except Exception as e:  # the factory itself no longer fits the implementation
         return outcome(ERROR, how=how, detail=f"building the mutant raised {type(e).__name__}: {e}")
     name = temporary_name(mutant)
-    mutated = registry.Impl(name, broken, device=device, requires=base.requires)
+    # the layouts of the implementation it mutates: the differential suite's draws of that implementation
+    mutated = registry.Impl(name, broken, device=device, requires=base.requires, layouts=dict(forward.layouts))
     saved = {"forward": spec.impls.get(name), "backward": spec.backward.impls.get(name) if spec.backward else None}
-    view = dataclasses.replace(spec, strategy=lambda: spec.strategy().map(tracker.count))
     try:
         if mutant.backward:
-            spec.impls[name] = registry.Impl(name, forward.target, device=device, requires=forward.requires)
+            spec.impls[name] = registry.Impl(name, forward.target, device=device, requires=forward.requires,
+                                             layouts=dict(forward.layouts))
             spec.backward.impls[name] = mutated
-            gradients.verify(view, name, record=tracker.record_gradient)
+            gradients.verify(spec, name, record=tracker.record_gradient)
         else:
             spec.impls[name] = mutated
-            suite.verify(view, mutated, record=tracker.record_forward)
+            suite.verify(spec, mutated, record=tracker.record_forward)
     except Exception as e:
         errors = _verification_errors(e)
         if errors:
