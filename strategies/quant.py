@@ -446,9 +446,10 @@ def _token_configuration(draws: tuple, fmt: str, hidden: int, npc: int) -> tuple
 
 
 @st.composite
-def per_token_cast_cases(draw, max_pins: int = 3) -> Case:
+def per_token_cast_cases(draw, max_pins: int = 3, probe: bool = False) -> Case:
     """Cases of per_token_cast (and of per_token_cast_with_sf_only: the same parameters); `max_pins` as
-    `_values` takes it."""
+    `_values` takes it; with `probe`, a block of x holds a rounding probe (`plant_rounding_probe`: no draw of
+    its own, so the cases are the same but for that block)."""
     fmt = draw(st.sampled_from(FORMATS))
     dtype = draw(st.sampled_from(tuple(DTYPES)))
     hidden = draw(hidden_sizes())
@@ -462,7 +463,9 @@ def per_token_cast_cases(draw, max_pins: int = 3) -> Case:
                            max_pins))
     plain_sf = not (options["round_sf"] or options["use_ue8m0"] or options["use_packed_ue8m0"])
     x = cast_input(x, dtype, seed)
-    plant_rounding_probe(x, fmt, npc, plain_sf, (fmt, dtype, hidden, npc, sorted(options.items()), num_rows, seed))
+    if probe:
+        plant_rounding_probe(x, fmt, npc, plain_sf, (fmt, dtype, hidden, npc, sorted(options.items()), num_rows,
+                                                     seed))
     return Case(params={"fmt": fmt, "num_per_channels": npc, **options}, inputs={"x": x})
 
 
@@ -861,6 +864,17 @@ per_token_cast_cases = tagging("x", (
     'dtype_max:x', 'empty', 'nan:x', 'nan_payload:x', 'neg_zero:x', 'non_pow2', 'saturation_edge:x',
     'signed_zero_tie:x', 'single_row', 'subnormal:x', 'zero_row:x',
 ), computed_sf_saturation(lambda p, x: (1, p["num_per_channels"])))(per_token_cast_cases)
+
+
+def per_token_cast_probed_cases(max_pins: int = 3) -> SearchStrategy[Case]:
+    """The cases of per_token_cast and its sf-only form: `per_token_cast_cases` with a rounding probe planted
+    (the strategies built on per_token_cast_cases, such as the cast-and-cast-back one, keep its plain cases)."""
+    return per_token_cast_cases(max_pins=max_pins, probe=True)
+
+
+per_token_cast_probed_cases.classes = per_token_cast_cases.classes
+per_token_cast_probed_cases.classify = per_token_cast_cases.classify
+
 per_block_cast_cases = tagging("x", (
     'dtype_max:x', 'empty', 'nan:x', 'nan_payload:x', 'neg_inf:x', 'neg_zero:x', 'non_pow2', 'pos_inf:x',
     'saturation_edge:x', 'signed_zero_tie:x', 'single_row', 'subnormal:x',
