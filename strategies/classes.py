@@ -4,7 +4,7 @@ Each case a strategy draws is tagged with ``hypothesis.event("class: <name>")`` 
 computed from the drawn tensors (`case_classes`), so that a tag is true of the case; the report counts the
 examples of each class, and tests/test_classes.py fails where a class a strategy lists (`tagging`) has
 none under the ci profile.  Every family's strategies tag through these helpers; a family adds classes of
-its own through `tagging`'s ``extra`` (the casts' saturation edges, `strategies.quant.saturation_classes`).
+its own through `tagging`'s ``extra`` (the casts' saturation edges, `strategies.quant_classes.saturation_classes`).
 """
 
 from __future__ import annotations

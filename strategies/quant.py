@@ -44,7 +44,9 @@ from hypothesis.strategies import SearchStrategy
 
 import references.quant as ref
 from strategies import rarely, seeds, tensor_from_bits, torch_copy
-from strategies.classes import INT_OF_WIDTH, draws_rng, float_bits, in_turn, tagging
+from strategies.classes import INT_OF_WIDTH, float_bits, in_turn, tagging
+from strategies.quant_classes import SATURATION_MIDPOINT, computed_sf_saturation, given_sf_saturation  # noqa: F401
+from strategies.quant_token import plant_rounding_probe, token_configuration
 from tkverify import formats
 from tkverify.case import Case
 
@@ -425,26 +427,6 @@ def _num_per_channels(fmt: str, hidden: int) -> SearchStrategy[int]:
     return st.sampled_from([n for n in (*TOKEN_BLOCKS, hidden) if hidden % n == 0])
 
 
-# H not a multiple of the token_cast kernel's 8-element chunk (its rows are zero-padded to whole chunks),
-# with one block a row (num_per_channels = H); e2m1 needs an even H, e5m6 a multiple of 8 (none).
-TOKEN_TAIL_HIDDEN = {"e4m3": (7, 13, 100, 1001), "e2m1": (2, 12, 100, 1002)}
-TOKEN_CONFIG_STREAM = 15  # `draws_rng`'s stream of per_token_cast_cases' configuration choice
-TOKEN_TAIL_SHARE = 0.4
-
-
-def _token_configuration(draws: tuple, fmt: str, hidden: int, npc: int) -> tuple[str, int, int]:
-    """(dtype, H, num_per_channels) of a per-token cast: the dtype in turn, and in `TOKEN_TAIL_SHARE` of the
-    cases of a format that allows it an H with a partial 8-element chunk (`TOKEN_TAIL_HIDDEN`, one block a
-    row), else the drawn H and block.  The case's draws decide (`draws_rng`): the ci profile's few examples
-    repeat draws of their own, which left each (dtype, format) configuration of the kernel without a tail."""
-    rng = draws_rng(draws, TOKEN_CONFIG_STREAM)
-    dtype = tuple(DTYPES)[int(rng.integers(0, len(DTYPES)))]
-    if fmt in TOKEN_TAIL_HIDDEN and rng.random() < TOKEN_TAIL_SHARE:
-        hidden = int(rng.choice(TOKEN_TAIL_HIDDEN[fmt]))
-        npc = hidden
-    return dtype, hidden, npc
-
-
 @st.composite
 def per_token_cast_cases(draw, max_pins: int = 3, probe: bool = False) -> Case:
     """Cases of per_token_cast (and of per_token_cast_with_sf_only: the same parameters); `max_pins` as
@@ -456,8 +438,8 @@ def per_token_cast_cases(draw, max_pins: int = 3, probe: bool = False) -> Case:
     npc = draw(_num_per_channels(fmt, hidden))
     options = draw(sf_options(fmt))
     num_rows = draw(token_counts(hidden))
-    dtype, hidden, npc = _token_configuration((fmt, dtype, hidden, npc, sorted(options.items()), num_rows),
-                                              fmt, hidden, npc)
+    dtype, hidden, npc = token_configuration((fmt, dtype, hidden, npc, sorted(options.items()), num_rows),
+                                             fmt, hidden, npc, tuple(DTYPES))
     num_rows = min(num_rows, max(1, MAX_ELEMENTS // hidden))
     x, seed = draw(_values((num_rows, hidden), (1, npc), fmt, dtype, options["round_sf"], options["clamp_min"],
                            max_pins))
@@ -467,55 +449,6 @@ def per_token_cast_cases(draw, max_pins: int = 3, probe: bool = False) -> Case:
         plant_rounding_probe(x, fmt, npc, plain_sf, (fmt, dtype, hidden, npc, sorted(options.items()), num_rows,
                                                      seed))
     return Case(params={"fmt": fmt, "num_per_channels": npc, **options}, inputs={"x": x})
-
-
-PROBE_STREAM = 16  # `draws_rng`'s stream of `plant_rounding_probe`
-PROBE_SHARE = 1 / 2
-# e2m1's midpoints where rounding half to even and half away from zero part (0.25 -> 0 or 0.5, 1.25 -> 1 or 1.5,
-# 2.5 -> 2 or 3, 5 -> 4 or 6), and those where they agree (0.75, 1.75, 3.5)
-E2M1_TIES = (0.25, 1.25, 2.5, 5.0, 0.75, 1.75, 3.5)
-
-
-def reciprocal_probes(fmt: str) -> np.ndarray:
-    """The bf16 values a in [1, 2) whose fp32 sf a / max_q, taken as a * fp32(1 / max_q) (two roundings),
-    lies more than 3/4 of an fp32 ULP from the exact quotient (a correctly rounded division: at most 1/2)."""
-    a = 1.0 + np.arange(128) / 128.0
-    max_q = ref.MAX_Q[fmt]
-    exact = a / max_q
-    by_reciprocal = (np.float32(a) * np.float32(1.0 / max_q)).astype(np.float64)
-    ulp = np.spacing(np.float32(exact)).astype(np.float64)
-    return a[np.abs(by_reciprocal - exact) > 0.75 * ulp]
-
-
-def plant_rounding_probe(x: torch.Tensor, fmt: str, npc: int, plain_sf: bool, draws: tuple) -> None:
-    """One block of x becomes a probe of the cast's rounding, the case's draws deciding where
-    (`strategies.classes.draws_rng`): where the sf is a plain fp32 one and the format has such amaxes, always,
-    an amax whose sf a / max_q lies within 1/4 of an fp32 ULP of a midpoint (`reciprocal_probes`), so that an
-    sf taken by a reciprocal rounds to the other side; for e2m1, in about PROBE_SHARE of the cases, an amax of
-    6 * 2^j (sf 2^j exactly, in every sf mode) beside e2m1 midpoints times 2^j (`E2M1_TIES`: exact ties of
-    x / sf).  Planted in the input tensor, after the pinned specials (which would otherwise make the block's
-    amax NaN).  The drawn blocks reach such amaxes and elements too seldom for the ci profile's 30 examples to
-    tell an extra rounding of the sf, or rounding half away from zero."""
-    rows, hidden = x.shape
-    if rows == 0 or hidden == 0:
-        return
-    rng = draws_rng(draws, PROBE_STREAM)
-    probes = reciprocal_probes(fmt) if plain_sf else np.zeros(0)
-    ties = fmt == "e2m1" and rng.random() < PROBE_SHARE
-    if not (ties or probes.size):
-        return
-    row, block = int(rng.integers(0, rows)), int(rng.integers(0, hidden // npc))
-    scale = 2.0 ** int(rng.integers(-4, 5))
-    signs = rng.choice((-1.0, 1.0), size=npc)
-    if ties:
-        values = rng.choice(E2M1_TIES, size=npc)
-        values[0] = 6.0
-    else:
-        amax = float(rng.choice(probes)) if probes.size else 1.0
-        values = amax * rng.uniform(0.0, 1.0, size=npc)
-        values[0] = amax
-    # every value is a bf16 one times a power of two in the normal range: exact in x's dtype
-    x[row, block * npc:(block + 1) * npc] = torch.from_numpy(signs * values * scale).to(x.dtype)
 
 
 @st.composite
@@ -548,9 +481,6 @@ def per_channel_cast_cases(draw) -> Case:
 
 
 # -- precomputed sf ----------------------------------------------------------------------
-
-# The rounding midpoint beyond each format's largest value: |x / sf| from max_q up to it rounds to max_q.
-SATURATION_MIDPOINT = {"e4m3": 464.0, "e2m1": 7.0, "e5m6": 65280.0}
 
 # Factors t: the block's sf is replaced by amax / t, so its amax lands on t
 # (as a multiple of sf): at max_q, at the midpoint past it (464, 7, 65280),
@@ -801,62 +731,6 @@ def swiglu_cases(draw) -> Case:
     if counter != "none":
         inputs["clamped_count"] = torch.tensor(COUNTER_STARTS[counter], dtype=torch.int64)
     return Case(params={"fmt": fmt, "num_per_channels": npc, "clamp": clamp, **options}, inputs=inputs)
-
-
-# ---------------------------------------------------------------- input classes
-#
-# The casts' own classes beside the ones every family has (strategies.classes): the saturation edges.
-
-# |x / sf| within this relative distance of the rounding midpoint beyond max_q is "at" the midpoint: a
-# precomputed sf of amax / 464 stored in fp32 puts the quotient within 2^-24 of it.
-MIDPOINT_NEAR = 2.0**-18
-
-
-def saturation_classes(fmt: str, x: torch.Tensor, sf: np.ndarray, block: tuple[int, int]) -> set[str]:
-    """The saturation-edge classes of a cast's x given each block's sf (float64, (rows, cols)):
-    ``saturation_edge:x``, a finite |x / sf| from the format's largest value max_q up to (not including)
-    the rounding midpoint beyond it, all of which round to max_q; ``saturation_midpoint:x``, |x / sf| at
-    that midpoint (within `MIDPOINT_NEAR`), where round-to-nearest without saturation would leave the
-    format."""
-    if x.numel() == 0 or sf.size == 0:
-        return set()
-    x64 = ref.as_float64(x)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        q = np.abs(ref.quotients(x64, sf, block))
-    q = q[np.isfinite(q)]
-    top, past = ref.MAX_Q[fmt], SATURATION_MIDPOINT[fmt]
-    found = set()
-    if bool(((q >= top) & (q < past)).any()):
-        found.add("saturation_edge:x")
-    if bool((np.abs(q / past - 1) <= MIDPOINT_NEAR).any()):
-        found.add("saturation_midpoint:x")
-    return found
-
-
-def computed_sf_saturation(block_of: Callable[[dict, torch.Tensor], tuple[int, int]]) -> Callable[[Case], set[str]]:
-    """The saturation classes of a cast that computes its sf (the oracle's stored sf of each block);
-    ``block_of(params, x)`` gives the case's block."""
-    def classify(case: Case) -> set[str]:
-        p, x = case.params, case.inputs["x"]
-        if x.numel() == 0:
-            return set()
-        block = block_of(p, x)
-        exact = ref.exact_scales(ref.as_float64(x), p["fmt"], block, p["round_sf"], p["clamp_min"])
-        return saturation_classes(p["fmt"], x, ref.stored_scales(exact), block)
-    return classify
-
-
-def given_sf_saturation(block_of: Callable[[dict], tuple[int, int]]) -> Callable[[Case], set[str]]:
-    """The saturation classes of a cast with a precomputed sf: x against the sf it is given;
-    ``block_of(params)`` gives the case's block."""
-    def classify(case: Case) -> set[str]:
-        p, x = case.params, case.inputs["x"]
-        if x.numel() == 0:
-            return set()
-        block = block_of(p)
-        sf = ref.sf_logical_values(case.inputs["sf"], x.shape[-1] // block[1])
-        return saturation_classes(p["fmt"], x, sf, block)
-    return classify
 
 
 # The classes each strategy reaches under the ci profile (tests/test_classes.py), as tkverify/specs/quant.py lists.

@@ -190,7 +190,7 @@ def test_markdown_shows_errors_misses_and_unavailable():
 
 def test_summary_marks_an_uncapturable_rows_eager_time():
     # a call that synchronises (a range check reading device memory): its eager time (host-bound), unmarked,
-    # reads as a kernel five times slower than a plain call's (reports/evidence/framework.md#routed-swiglu-eager)
+    # reads as a kernel five times slower than a plain call's (the evidence file framework.md, #routed-swiglu-eager)
     doc = _doc([_row("op", "tilelang", 334.3, graph_error="AcceleratorError: capture invalidated"),
                 _row("op", "torch", 5.0, kernel_us=4.0), _row("op2", "tilelang", 2.0)])
     md = bench.render_markdown(bench.derive(doc))

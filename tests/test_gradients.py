@@ -297,12 +297,12 @@ def test_a_tuple_of_cotangent_dtypes_is_cycled_through_by_the_examples():
     chosen = set()
     for i in range(12):
         case = Case(params={}, inputs={"x": torch.full((1, 4), float(i), dtype=torch.bfloat16)})
-        first = gradients._grad_dtype(bw, case, seed=0)
-        assert gradients._grad_dtype(bw, case, seed=0) == first  # deterministic per example
+        first = bw.cotangent_dtype(case.inputs, seed=0)
+        assert bw.cotangent_dtype(case.inputs, seed=0) == first  # deterministic per example
         chosen.add(first)
     assert chosen == {torch.bfloat16, torch.float32}
     fixed = dataclasses.replace(bw, grad_dtype=torch.float32)
-    assert gradients._grad_dtype(fixed, Case(params={}, inputs={}), seed=5) == torch.float32
+    assert fixed.cotangent_dtype({}, seed=5) == torch.float32
 
 
 def test_an_optional_outputs_zero_cotangent_goes_to_the_backward_as_none():

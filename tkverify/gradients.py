@@ -96,7 +96,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import zlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -423,21 +422,8 @@ def _backward_impl(spec: OpSpec, impl_name: str) -> Impl:
                        f"(it has: {', '.join(spec.backward.impls)})") from None
 
 
-def _grad_dtype(bw: Backward, case: Case, seed: int) -> torch.dtype | None:
-    """`bw.grad_dtype`, or where it is a tuple the one this example takes: chosen by a hash of the cotangent
-    seed and the inputs' bytes (the seed alone is 0 in most ci examples), so the examples cycle through them."""
-    if not isinstance(bw.grad_dtype, tuple):
-        return bw.grad_dtype
-    digest = zlib.crc32(str(seed).encode())
-    for name in sorted(case.inputs):
-        t = case.inputs[name]
-        if isinstance(t, torch.Tensor):
-            digest = zlib.crc32(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes(), digest)
-    return bw.grad_dtype[digest % len(bw.grad_dtype)]
-
-
 def _cot_dtypes(bw: Backward, outs: dict[str, Any], case: Case, seed: int) -> dict[str, torch.dtype]:
-    return {o: _grad_dtype(bw, case, seed) or outs[o].dtype for o in bw.outputs}
+    return {o: bw.cotangent_dtype(case.inputs, seed) or outs[o].dtype for o in bw.outputs}
 
 
 def _run_backward(spec: OpSpec, impl_name: str, cots: dict[str, torch.Tensor], inputs: dict[str, Any],
@@ -595,7 +581,7 @@ def _consistency_float64(spec, impl, case, seed, name, direction, fwd64, inputs6
     if all(m.all() for m in masks.values()):
         return None
     # The same cotangent values an implementation gets in working precision, widened to float64.
-    cots = cotangents(spec, shapes, {o: _grad_dtype(bw, case, seed) or torch.float64 for o in bw.outputs}, seed,
+    cots = cotangents(spec, shapes, {o: bw.cotangent_dtype(case.inputs, seed) or torch.float64 for o in bw.outputs}, seed,
                      masks)
     cots = {o: _f64(c) for o, c in cots.items()}
     grads = _run_backward(spec, impl.name, cots, inputs64, fwd64, case.params, device)

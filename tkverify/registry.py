@@ -15,6 +15,7 @@ import importlib.util
 import os
 import pkgutil
 import sys
+import zlib
 from typing import Any, Callable
 
 import torch
@@ -216,6 +217,18 @@ class Backward:
     given: Callable[..., dict[str, Any]] | None = None
     smooth: Callable[..., dict[str, Any]] | None = None
     bench: tuple["BenchShape", ...] = ()  # timed like the forward's; make() returns the backward's kwargs
+
+    def cotangent_dtype(self, inputs: dict[str, Any], seed: int) -> torch.dtype | None:
+        """`grad_dtype`, or where it is a tuple the one this example takes: chosen by a hash of the cotangent seed
+        and the inputs' bytes (the seed alone is 0 in most ci examples), so that the examples cycle through them."""
+        if not isinstance(self.grad_dtype, tuple):
+            return self.grad_dtype
+        digest = zlib.crc32(str(seed).encode())
+        for name in sorted(inputs):
+            if isinstance(inputs[name], torch.Tensor):
+                digest = zlib.crc32(inputs[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes(),
+                                    digest)
+        return self.grad_dtype[digest % len(self.grad_dtype)]
 
     def __post_init__(self) -> None:
         if len(self.grads) != len(self.inputs):

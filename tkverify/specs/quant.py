@@ -15,7 +15,7 @@ report counts them and tests/test_classes.py fails where one has no example unde
 Besides the value classes every family has (``signed_zero_tie``: -0.0 beside +0.0 in a row, whose codes
 keep their signs; ``nan_payload``: a NaN other than the canonical quiet one, whose bits the casts must not
 read as a number), the casts' x has two saturation-edge classes, computed from x and each block's sf
-(the oracle's, or the one given: `strategies.quant.saturation_classes`): ``saturation_edge:x`` is a
+(the oracle's, or the one given: `strategies.quant_classes.saturation_classes`): ``saturation_edge:x`` is a
 finite |x / sf| from the format's largest value max_q up to the rounding midpoint beyond it (448..464 in
 e4m3, 6..7 in e2m1, 65024..65280 in e5m6; all of it rounds to max_q), ``saturation_midpoint:x`` |x / sf|
 at that midpoint, where rounding without saturation would leave the format:
