@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
+
+import gpu_settings
 
 import references.engram as ref
 import references.engram_hash as ref_hash
@@ -28,8 +30,7 @@ from tkverify.specs import engram_ops as spec_module
 
 BF16 = torch.bfloat16
 FUSED, REDUCE, HASH = (registry.get(f"engram.{op}") for op in ("fused_weight", "grad_w_reduce", "hash"))
-gpu_fuzz = settings(max_examples=60, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+gpu_fuzz = gpu_settings.gpu_fuzz(60)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
+
+import gpu_settings
 
 from kernels.torch import moe_gate as eager
 from strategies import moe_gate as strat
@@ -28,8 +30,7 @@ from tkverify.check import check_case
 from tkverify.poison import poisoned
 
 SPEC = registry.get("moe.topk_gate_scored")
-gpu_fuzz = settings(max_examples=120, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+gpu_fuzz = gpu_settings.gpu_fuzz(120)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
+
+import gpu_settings
 
 import references.moe_groups as ref
 from kernels.torch import moe_groups as eager
@@ -23,8 +25,7 @@ from tkverify.check import check_case
 
 GROUP_IDX, UNIQUE = registry.get("moe.topk_sum_and_topk_group_idx"), registry.get("moe.unique_group_indices")
 AUX_FI = registry.get("moe.aux_fi")
-gpu_fuzz = settings(max_examples=80, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+gpu_fuzz = gpu_settings.gpu_fuzz(80)
 
 
 @pytest.fixture(scope="module")

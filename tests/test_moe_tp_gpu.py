@@ -13,7 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
+
+import gpu_settings
 
 import references.moe_tp as ref
 from kernels.torch import moe_tp as eager
@@ -23,8 +25,7 @@ from tkverify.case import Case
 from tkverify.check import check_case
 
 GATE, MASK = registry.get("moe.top2_sum_gate"), registry.get("moe.mask_indices_by_tp")
-gpu_fuzz = settings(max_examples=80, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+gpu_fuzz = gpu_settings.gpu_fuzz(80)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
+
+import gpu_settings
 
 import references.quant_swiglu as ref
 from tkverify import registry
@@ -25,8 +27,7 @@ from kernels.torch import quant_swiglu as eager
 from tkverify.policies import Bracket
 
 SWIGLU, BWD_CAST = registry.get("quant.swiglu"), registry.get("quant.swiglu_backward_and_per_token_cast")
-gpu_fuzz = settings(max_examples=60, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=list(HealthCheck))
+gpu_fuzz = gpu_settings.gpu_fuzz(60)
 
 
 @pytest.fixture(scope="module")
