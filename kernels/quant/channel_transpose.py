@@ -53,6 +53,6 @@ def per_channel_cast_fused(x: torch.Tensor, x_sf: torch.Tensor | None = None, fm
     n = eager._check_fused_args(x, x_sf, fmt, num_per_tokens, num_per_channels, pos_to_token, round_sf, use_ue8m0,
                                 use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
     _tilelang.require_cuda("x", x)  # x_sf and pos_to_token are on x's device (checked)
-    return eager.fused_cast(x, x_sf, n, pos_to_token, cast_back, per_channel_cast, num_per_tokens,
+    return eager._fused_cast(x, x_sf, n, pos_to_token, cast_back, per_channel_cast, num_per_tokens,
                             round_sf=round_sf, use_ue8m0=use_ue8m0, use_packed_ue8m0=use_packed_ue8m0,
                             use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, clamp_min=clamp_min)

@@ -125,12 +125,12 @@ def per_channel_cast_fused(x: torch.Tensor, x_sf: torch.Tensor | None = None, fm
     n = _check_fused_args(x, x_sf, fmt, num_per_tokens, num_per_channels, pos_to_token, round_sf, use_ue8m0,
                           use_packed_ue8m0, use_tma_aligned_col_major_sf, clamp_min)
     _check_pos_to_token_values(pos_to_token, x.shape[0])
-    return fused_cast(x, x_sf, n, pos_to_token, eager.cast_back, eager.per_channel_cast, num_per_tokens,
+    return _fused_cast(x, x_sf, n, pos_to_token, eager.cast_back, eager.per_channel_cast, num_per_tokens,
                       round_sf=round_sf, use_ue8m0=use_ue8m0, use_packed_ue8m0=use_packed_ue8m0,
                       use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, clamp_min=clamp_min)
 
 
-def fused_cast(x: torch.Tensor, x_sf: torch.Tensor | None, n: int, pos_to_token: torch.Tensor | None,
+def _fused_cast(x: torch.Tensor, x_sf: torch.Tensor | None, n: int, pos_to_token: torch.Tensor | None,
                cast_back, per_channel_cast, num_per_tokens: int, **sf_options) -> tuple[torch.Tensor, torch.Tensor]:
     """per_channel_cast_fused after its checks, from a `cast_back` and a `per_channel_cast` (the eager ones, or
     the TileLang ones): x's values (decoded in fp32 where x is quantised, 1 x n blocks), their rows gathered by
