@@ -1,12 +1,14 @@
 """The comparison policies: what passes, what fails, and what a failure says."""
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from tkverify.policies import bitwise, codes, distance_histogram, relative, ulp
+from tkverify import formats
+from tkverify.policies import Outcome, bitwise, codes, distance_histogram, relative, summarise, ulp
 
 
 def test_bitwise_integers_pass_and_fail_naming_the_element():
@@ -45,6 +47,22 @@ def test_bitwise_tensor_expected_counts_nan_payloads():
     other = bits.clone()
     other[1] = 0x7FC00000
     assert not bitwise().compare("out", a, other.view(torch.float32)).passed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("shape", [(0,), (), (5,), (3, 4), (2, 3, 4)])
+def test_bitwise_identical_outputs_take_the_unmeasured_path_to_the_same_comparison(dtype, shape):
+    """Identical codes skip the per-element measurement (`identical`); the Comparison is the one the
+    measured path folds from an all-zero outcome, -0.0 and a NaN payload included."""
+    x = torch.randn(shape).to(dtype) if shape else torch.tensor(1.5).to(dtype)
+    if x.numel() > 2:
+        x.view(-1)[0], x.view(-1)[1] = -0.0, float("nan")
+    fmt = formats.of_dtype(dtype)
+    a = formats.codes_of(x).astype(np.int64)
+    zero, same = np.zeros(a.shape), np.ones(a.shape, bool)
+    measured = summarise(Outcome("o", fmt.name, "bitwise", "bitwise", zero, zero.astype(np.int64), same, same,
+                                 fmt.decode(a), fmt.decode(a), a, a, share=zero))
+    assert dataclasses.asdict(bitwise().compare("o", x, x.clone())) == dataclasses.asdict(measured)
 
 
 def test_ulp_policy_measures_against_exact_value():

@@ -212,6 +212,22 @@ def summarise(o: Outcome) -> Comparison:
     return comp
 
 
+def identical(output: str, fmt: formats.Format, codes: np.ndarray) -> Comparison:
+    """The bitwise Comparison of an output whose codes all equal the oracle's, without measuring each
+    element: what `summarise` gives for that outcome (every distance and error 0, the first element the
+    worst), at the cost of one pass over the codes instead of a dozen.  The production shapes (10^9
+    elements) pass through here."""
+    n = int(codes.size)
+    comp = Comparison(output=output, fmt=fmt.name, policy="bitwise", count=n, exact=n, max_ulp=0.0, sum_ulp=0.0,
+                      hist={HIST_LABELS[0]: n} if n else {}, passed=True, bound_used=0.0)
+    if n:
+        first = codes.ravel()[:1]
+        value = _fmt_value(fmt.decode(first)[0])
+        comp.worst = {"index": [0] * codes.ndim, "actual": value, "expected": value, "actual_code": int(first[0]),
+                      "expected_code": int(first[0]), "ulp": 0.0}
+    return comp
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """Base class: `compare(output, actual, expected) -> Comparison`."""
@@ -292,6 +308,8 @@ class Bitwise(Policy):
             raise TypeError(f"output {output!r}: oracle gave {expected.dtype} for a {actual.dtype} output")
         # Moving bits: compare raw codes so NaN payloads count too.
         a, e = formats.codes_of(actual).astype(np.int64), formats.codes_of(expected).astype(np.int64)
+        if np.array_equal(a, e):
+            return identical(output, fmt, a)
         same = a == e
         dist = np.where(same, 0, fmt.code_distance(a, e).clip(min=1))
         return summarise(Outcome(output, fmt.name, "bitwise", "bitwise", np.where(same, 0.0, np.inf), dist, same,
