@@ -234,6 +234,41 @@ def test_production_shapes_are_written_as_they_finish_and_judge_host_ops_once(tm
     assert {r["impl"] for r in doc["rows"]} == {"torch", "torch_again"}
 
 
+def test_routed_pilots_keep_every_position_inside_their_rows():
+    """A routed bench shape's pilot is its routing rebuilt for fewer tokens: cutting the inputs' leading
+    dimension would leave positions past the cut rows (a kernel reading out of bounds)."""
+    device = torch.device("cpu")
+    for op in ("moe.expand_to_fused", "moe.reduce_fused"):
+        shape = registry.get(op).bench[0]
+        inputs, params = shape.pilot(device, 1 / 64)
+        pos = inputs["token_topk_to_pos"]
+        rows = params["num_expanded_rows"] if op == "moe.expand_to_fused" else inputs["x"].shape[0]
+        whole = 16384 * 8 + 256 * 127  # the most rows the whole shape's routing can have
+        assert pos.shape[0] == 16384 // 64 and int(pos.max()) < rows < whole // 4, (op, rows)
+
+
+def test_the_pilot_estimate_scales_by_output_elements(monkeypatch):
+    """The host oracle's estimate is the pilot's seconds times the ratio of output elements, measured: a
+    cut that leaves the outputs whole (ratio 1) is not multiplied by the fraction of tokens it cut."""
+    from tkverify.sweep import production
+
+    def one_second(self, run, name, actual):
+        run.oracle_s += 1.0
+        return []
+
+    monkeypatch.setattr(production.HostOracle, "rows", one_second)
+    spec = registry.get("moe.normalize_weight")
+    shape, impl = spec.bench[0], spec.impls["torch"]
+    inputs, params = shape.make(torch.device("cpu"))
+    pilot = production.shrink(inputs, 1 / production.PILOT_FRACTION)
+    pilot_elements = production._elements(production.name_outputs(spec, impl.function()(**pilot, **params), "torch"))
+    assert pilot_elements < 16384
+    estimate = production._pilot_estimate(spec, shape, "torch", impl, inputs, params, {"w": torch.zeros(16)})
+    assert estimate == 1.0  # outputs no larger than the pilot's: its seconds, never less
+    assert production._pilot_estimate(spec, shape, "torch", impl, inputs, params, {"w": torch.zeros(10 ** 6)}) \
+        == pytest.approx(10 ** 6 / pilot_elements)
+
+
 def test_drawn_scale_factors_are_recorded_and_seeded():
     a = domains.scale_factors("e4m3", 8, seed=5)
     assert [s.value for s in a] == [s.value for s in domains.scale_factors("e4m3", 8, seed=5)]

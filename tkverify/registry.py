@@ -260,6 +260,12 @@ class BenchShape:
     unread   the inputs passed for their shape and dtype only, none of whose
              elements the op reads (a backward given x beside the saved
              normalised input): nbytes leaves them out.
+    pilot    optional ``pilot(device, fraction) -> (inputs, params)``: the same
+             shape built with its token count cut to `fraction`, every input
+             consistent with the others (a routing's positions inside the cut
+             rows).  `tkverify sweep --production` times its host oracle on it;
+             without it the sweep cuts the leading dimension of the inputs
+             that share the first one's, which suits shapes with one token axis.
     """
 
     name: str
@@ -269,6 +275,7 @@ class BenchShape:
     target: float | None = 0.9
     written: Callable[[dict[str, Any], dict[str, Any]], int] | None = None
     unread: tuple[str, ...] = ()
+    pilot: Callable[[torch.device, float], tuple[dict[str, Any], dict[str, Any]]] | None = None
 
 
 @dataclasses.dataclass

@@ -96,10 +96,10 @@ def _mapping_bytes(i, p):
     return pairs * 8 + pairs * 4 + 2 * num_rows * 4 + 2 * p["num_experts"] * 4
 
 
-def _expand_shape(device):
-    r = benchshapes.routing(_T, _E, _K, _ALIGN, device)
-    return ({"x": benchshapes.randn((_T, _H), torch.bfloat16, device, 1), "token_topk_to_pos": r["token_topk_to_pos"]},
-            {"num_expanded_rows": r["num_rows"]})
+def _expand_shape(device, tokens=_T):
+    r = benchshapes.routing(tokens, _E, _K, _ALIGN, device)
+    return ({"x": benchshapes.randn((tokens, _H), torch.bfloat16, device, 1),
+             "token_topk_to_pos": r["token_topk_to_pos"]}, {"num_expanded_rows": r["num_rows"]})
 
 
 def _expand_written(i, p):
@@ -112,11 +112,17 @@ def _expand_bytes(i, p):
     return benchshapes.nbytes(i["x"]) + benchshapes.nbytes(i["token_topk_to_pos"]) + _expand_written(i, p)
 
 
-def _reduce_shape(device):
-    r = benchshapes.routing(_T, _E, _K, _ALIGN, device)
+def _reduce_shape(device, tokens=_T):
+    r = benchshapes.routing(tokens, _E, _K, _ALIGN, device)
     return ({"x": benchshapes.randn((r["num_rows"], _H), torch.bfloat16, device, 1),
-             "topk_weights": torch.rand(_T, _K, device=device, generator=benchshapes.generator(device, 2)),
+             "topk_weights": torch.rand(tokens, _K, device=device, generator=benchshapes.generator(device, 2)),
              "token_topk_to_pos": r["token_topk_to_pos"]}, {})
+
+
+def _fewer_tokens(make):
+    """The pilot of a routed shape: the whole routing rebuilt for a fraction of the tokens, so that every
+    position stays inside the expanded rows (cutting the inputs' leading dimension would not)."""
+    return lambda device, fraction: make(device, max(1, int(_T * fraction)))
 
 
 def _reduce_bytes(i, p):
@@ -140,8 +146,9 @@ BENCH = {
     "moe.group_count": (BenchShape(f"{_SHAPE} int64", _routed_idx,
                                    lambda i, p: benchshapes.nbytes(i["idx"]) + p["num_groups"] * 4, target=None),),
     "moe.fused_mapping": (BenchShape(f"{_SHAPE} align {_ALIGN}", _mapping_shape, _mapping_bytes, target=None),),
-    "moe.expand_to_fused": (BenchShape(_DATA_SHAPE, _expand_shape, _expand_bytes, written=_expand_written),),
-    "moe.reduce_fused": (BenchShape(_DATA_SHAPE, _reduce_shape, _reduce_bytes),),
+    "moe.expand_to_fused": (BenchShape(_DATA_SHAPE, _expand_shape, _expand_bytes, written=_expand_written,
+                                       pilot=_fewer_tokens(_expand_shape)),),
+    "moe.reduce_fused": (BenchShape(_DATA_SHAPE, _reduce_shape, _reduce_bytes, pilot=_fewer_tokens(_reduce_shape)),),
     "moe.normalize_weight": (BenchShape(f"T{_T} K{_K}", _normalize_shape,
                                         lambda i, p: 2 * benchshapes.nbytes(i["topk_weights"]) + _T * 4,
                                         target=None),),

@@ -5,10 +5,14 @@ The casts are judged on the device (the oracle in float64 on the GPU, `reference
 given the implementation's own sf, exactly as the contract's data policy says, and cast_back's
 output bitwise; a cast's sf is judged on the host by the spec's own judgement (`quant_judge.Cast`),
 which needs only the block maxima.  Every other op is judged on the host by its spec (oracle,
-given, policies), after a pilot on 1/`PILOT_FRACTION` of the leading dimension estimates the time
-the whole shape would take: a shape estimated over `host_limit_s` is skipped and listed with the
-estimate.  ``shape_scale`` cuts the leading dimension of every input that shares it with the first
-input (the token axis of the quantisation shapes), so that the CPU tests run the same code.
+given, policies), after a pilot on 1/`PILOT_FRACTION` of the tokens estimates the time the whole
+shape would take: the pilot's oracle seconds times the ratio of the whole shape's output elements to
+the pilot's (measured, not assumed: a cut that leaves the outputs whole costs what the whole shape
+does).  A shape estimated over `host_limit_s` is skipped and listed with the estimate.  The pilot is
+the shape's own `BenchShape.pilot` where it has one (a routing rebuilt for fewer tokens), else the
+inputs with the leading dimension of every input that shares it with the first one cut (the token
+axis of the quantisation shapes); ``shape_scale`` cuts the same way, so that the CPU tests run the
+same code.
 """
 
 from __future__ import annotations
@@ -195,13 +199,22 @@ class HostOracle:
                 for c in comparisons]
 
 
-def _pilot_estimate(spec: OpSpec, name: str, impl: Impl, inputs: dict[str, Any], params: dict[str, Any]) -> float:
-    """Seconds the host oracle and judgement would take on the whole shape, from 1/PILOT_FRACTION of it."""
-    pilot_inputs = shrink(inputs, 1 / PILOT_FRACTION)
+def _elements(outputs: dict[str, Any]) -> int:
+    return sum(v.numel() for v in outputs.values() if isinstance(v, torch.Tensor)) or 1
+
+
+def _pilot_estimate(spec: OpSpec, shape: Any, name: str, impl: Impl, inputs: dict[str, Any],
+                    params: dict[str, Any], outputs: dict[str, Any]) -> float:
+    """Seconds the host oracle and judgement would take on the whole shape (whose implementation
+    `outputs` are given), from a pilot on 1/PILOT_FRACTION of its tokens, scaled by output elements."""
+    if shape.pilot is not None:
+        pilot_inputs, pilot_params = shape.pilot(oracle_device(), 1 / PILOT_FRACTION)
+    else:
+        pilot_inputs, pilot_params = shrink(inputs, 1 / PILOT_FRACTION), params
     probe = ShapeRun(spec.name, "pilot", "host numpy")
-    outputs = name_outputs(spec, _call(probe, name, impl, pilot_inputs, params), name)
-    HostOracle(spec, pilot_inputs, params).rows(probe, name, outputs)
-    return probe.oracle_s * PILOT_FRACTION
+    pilot_outputs = name_outputs(spec, _call(probe, name, impl, pilot_inputs, pilot_params), name)
+    HostOracle(spec, pilot_inputs, pilot_params).rows(probe, name, pilot_outputs)
+    return probe.oracle_s * max(1.0, _elements(outputs) / _elements(pilot_outputs))
 
 
 def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float, host_limit_s: float,
@@ -215,21 +228,21 @@ def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float,
     host = None if on_device else HostOracle(spec, inputs, params)
     for name, impl in impls.items():
         try:
+            outputs = name_outputs(spec, _call(run, name, impl, inputs, params), name)
             if not on_device and run.skipped is None and not run.rows:
                 try:
-                    estimate = _pilot_estimate(spec, name, impl, inputs, params)
+                    estimate = _pilot_estimate(spec, shape, name, impl, inputs, params, outputs)
                 except Unsupported:
                     raise
                 except Exception as e:  # noqa: BLE001 - a cut shape the op rejects: its time stays unknown
-                    run.skipped = (f"the pilot on 1/{PILOT_FRACTION} of the rows failed ({type(e).__name__}: "
+                    run.skipped = (f"the pilot on 1/{PILOT_FRACTION} of the tokens failed ({type(e).__name__}: "
                                    f"{str(e)[:150]}), so the host oracle's time is not known")
                     break
                 if estimate > host_limit_s:
                     run.skipped = (f"the host oracle would take about {estimate:.0f} s (a pilot on 1/"
-                                   f"{PILOT_FRACTION} of the rows), over the {host_limit_s:g} s limit")
+                                   f"{PILOT_FRACTION} of the tokens), over the {host_limit_s:g} s limit")
             if run.skipped:
                 break
-            outputs = name_outputs(spec, _call(run, name, impl, inputs, params), name)
         except Unsupported as e:
             run.refused[name] = e.reason
             continue
