@@ -75,9 +75,10 @@ Options supported, and rejected with a ValueError naming the argument
 
 Numerics (what "working precision" means here)
 ----------------------------------------------
-amax is exact; plain sf = a / max_q is torch's fp32 division by a scalar:
-correctly rounded on the CPU, a multiplication by fl(1 / max_q) on CUDA (up
-to 8/7 ULP; the spec allows 1.5); round_sf's power of two is found exactly,
+amax is exact; plain sf = a / max_q is one fp32 division, correctly rounded on
+every device (max_q is given as a tensor: PyTorch's CUDA division by a Python
+number multiplies by fl(1 / max_q) instead, up to 8/7 ULP off, which the spec
+allows but the accuracy claims do not); round_sf's power of two is found exactly,
 by exact comparisons with max_q * 2^k.  The element quotient x / sf is one fp32 division; it is then
 rounded to the format exactly (RNE, satfinite): e4m3 by torch's cast after an
 explicit clamp to +-448 (torch's cast is RNE, and saturates overflow, even
@@ -259,7 +260,10 @@ def _scales(y: torch.Tensor, fmt: str, block: tuple[int, int], round_sf: bool, c
     finite = torch.isfinite(a)
     a = torch.where(finite, a, torch.ones_like(a))
     max_q = MAX_Q[fmt]
-    sf = a / max_q
+    # Divided by a tensor, not a Python number: on CUDA, PyTorch turns division by a CPU scalar into a
+    # multiplication by its fp32 reciprocal (one more rounding: 1 ULP off the correctly rounded sf where the
+    # quotient lies near a rounding boundary); tensor by tensor division is IEEE division everywhere.
+    sf = a / torch.full_like(a, max_q)
     if round_sf:
         sf = _power_of_two_at_least(sf, a, max_q)
     return torch.where(finite, sf, torch.full_like(sf, float("nan")))
