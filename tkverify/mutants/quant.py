@@ -208,6 +208,37 @@ def eager_sf_by_reciprocal(fn: Callable[..., Any]) -> Callable[..., Any]:
     return patched(fn, EAGER, _scales=by_reciprocal)
 
 
+def model_sf_by_reciprocal(cast: Callable[..., Any]) -> Callable[..., Any]:
+    """Any per-token cast without round_sf, its fp32 sf replaced by fl(a * fl(1 / max_q)) (a = max(amax,
+    clamp_min), exact) wherever that differs from the sf it returned, written back into its own sf tensor,
+    and those blocks' data re-quantised with that sf by correct rounding (the reference encoder): a kernel
+    that multiplies by the reciprocal and quantises with the sf it computed, as `eager_sf_by_reciprocal`.
+    Blocks whose sf the kernel got some other way are left alone, so only that one rounding differs."""
+
+    def broken(x: torch.Tensor, fmt: str = "e4m3", num_per_channels: int = 128, **options: Any) -> Any:
+        data, sf = cast(x, fmt, num_per_channels, **options)
+        if options.get("round_sf", False) or x.shape[0] == 0 or sf.dtype != torch.float32:
+            return data, sf
+        block = (1, num_per_channels)
+        cols = ref.sf_grid(x.shape[0], x.shape[1], block)[1]
+        x64 = ref.as_float64(x)
+        values = ref.sf_logical_values(sf, cols)
+        a = np.maximum(ref.block_amax(x64, block), ref.clamp_min_value(fmt, options.get("clamp_min")))
+        with np.errstate(invalid="ignore", over="ignore"):
+            by_reciprocal = (a.astype(np.float32) * np.float32(1.0 / ref.MAX_Q[fmt])).astype(np.float64)
+        changed = np.isfinite(values) & np.isfinite(by_reciprocal) & (by_reciprocal != values)
+        if not changed.any():
+            return data, sf
+        new_sf = np.where(changed, by_reciprocal, values)
+        sf.copy_(ref.store_sf(new_sf).to(sf.device).reshape(sf.shape))
+        new_codes = ref.encode_elements(ref.quotients(x64, new_sf, block), fmt)
+        rows_changed = ref.expand_to_elements(changed, tuple(x.shape), block)
+        codes = np.where(rows_changed, new_codes, ref.data_codes(data, fmt))
+        return ref.pack_data(codes, fmt).to(data.device), sf
+
+    return broken
+
+
 # -- swiglu -----------------------------------------------------------------------------------------
 
 
@@ -292,8 +323,8 @@ MUTANTS = [
            eager=eager_clamp_min_ignored, model=model_clamp_min_ignored),
     Mutant("sf_by_reciprocal", "quant.per_token_cast",
            "the fp32 sf is amax * fp32(1 / max_q), one rounding more than amax / max_q (inside the contract's "
-           "window, beyond the torch claim)",
-           eager=eager_sf_by_reciprocal, claim_regression=True),
+           "window, beyond the claims)",
+           eager=eager_sf_by_reciprocal, model=model_sf_by_reciprocal, claim_regression=True),
     Mutant("swiglu_clamp_one_sided", "quant.swiglu_forward_and_per_token_cast",
            "the SwiGLU clamp bounds r from above only (r = min(r, c)), not to [-c, c]",
            model=one_sided_clamp),
