@@ -10,8 +10,8 @@ shape would take: the pilot's oracle seconds times the ratio of the whole shape'
 the pilot's (measured, not assumed: a cut that leaves the outputs whole costs what the whole shape
 does).  A shape estimated over `host_limit_s` is skipped and listed with the estimate.  The pilot is
 the shape's own `BenchShape.pilot` where it has one (a routing rebuilt for fewer tokens), else the
-inputs with the leading dimension of every input that shares it with the first one cut (the token
-axis of the quantisation shapes); ``shape_scale`` cuts the same way, so that the CPU tests run the
+inputs with their token axis cut (the first one's leading dimension, wherever another input has a
+dimension of that size); ``shape_scale`` cuts the same way, so that the CPU tests run the
 same code.
 """
 
@@ -69,15 +69,21 @@ class ShapeRun:
 
 
 def shrink(inputs: dict[str, Any], fraction: float) -> dict[str, Any]:
-    """The inputs with the leading dimension of the first tensor (and of every tensor sharing it) cut
-    to `fraction` of it (at least one)."""
+    """The inputs with their token axis cut to `fraction` of it (at least one): the leading dimension of
+    the first tensor, and in every other tensor the first dimension of that size (a stack of layers'
+    (L, tokens, m) mixes is cut along its second)."""
     tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim()]
     if fraction >= 1 or not tensors:
         return inputs
     lead = tensors[0].shape[0]
     keep = max(1, int(lead * fraction))
-    return {k: v[:keep].contiguous() if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == lead else v
-            for k, v in inputs.items()}
+
+    def cut(v: Any) -> Any:
+        if not (isinstance(v, torch.Tensor) and lead in v.shape):
+            return v
+        return v.narrow(list(v.shape).index(lead), 0, keep).contiguous()
+
+    return {k: cut(v) for k, v in inputs.items()}
 
 
 def _call(run: ShapeRun, name: str, impl: Impl, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
