@@ -28,10 +28,11 @@ every logit whose score is finite is replaced by distinct ones (`untied_scores`)
 only source of the key ties (``bias_made_tie``), which the features' own ties hide otherwise.
 
 routed_scaling_factor comes from ``SCALINGS``; E from moe.topk_gate's expert counts (a padded width, then a
-count of it: `strategies.moe.gate.expert_counts`), k from its values
-(<= E) and k = E.  The classes beyond every float input's value classes are computed from the case's
-tensors by `gate_classes` (``nan_key``, a +inf logit on a masked expert, is tagged where drawn but too rare
-to promise under the ci profile).
+count of it: `strategies.moe.gate.expert_counts`; in about WIDEST_SHARE of the cases a count of the widest
+width, `widest_expert_count`, with T <= WIDEST_MAX_TOKENS), k from its values (<= E) and k = E.  The
+classes beyond every float input's value classes are computed from the case's tensors by `gate_classes`
+(``nan_key``, a +inf logit on a masked expert, is tagged where drawn but too rare to promise under the ci
+profile).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from hypothesis import strategies as st
 
 import references.moe_gate as ref
 from strategies import seeds, torch_copy
-from strategies.classes import tagging
-from strategies.moe.gate import FEATURES, ROW_SPREADS, TOPK_VALUES, BASES, _pinned_values, \
+from strategies.classes import draws_rng, tagging
+from strategies.moe.gate import EXPERTS_BY_WIDTH, FEATURES, ROW_SPREADS, TOPK_VALUES, BASES, _pinned_values, \
     build_scores, expert_counts, plant_features, token_counts
 from tkverify.case import Case
 
@@ -155,6 +156,20 @@ def gate_classes(case: Case) -> set[str]:
     return found
 
 
+# The share of the cases moved to an expert count of the widest padded width (`widest_expert_count`).
+WIDEST_SHARE = 1 / 5
+WIDEST_STREAM = 108
+WIDEST_MAX_TOKENS = 33  # T of such a case at most (CPU time: E is 1000 or 1024)
+
+
+def widest_expert_count(draws: tuple) -> int:
+    """An expert count of the widest padded width (1024 lanes), the case's draws deciding which
+    (`strategies.classes.draws_rng`, so that the draws stay as they are): `expert_counts` draws each of the
+    six widths as often as the others, which left the widest kernel to chance in the ci profile's examples."""
+    widest = EXPERTS_BY_WIDTH[-1]
+    return int(widest[int(draws_rng(draws, WIDEST_STREAM + 1).integers(0, len(widest)))])
+
+
 @st.composite
 def topk_gate_scored_cases(draw) -> Case:
     """Cases of ``topk_gate_scored(logits f32 (T, E), bias f32 (E,), k, routed_scaling_factor)``."""
@@ -169,6 +184,11 @@ def topk_gate_scored_cases(draw) -> Case:
     bias_kind = draw(st.sampled_from(BIASES))
     scaling = draw(st.sampled_from(SCALINGS))
     seed = draw(seeds())
+    draws = (num_experts, k, num_tokens, base, sorted(features.items()), sorted(logit_features.items()), pinned,
+             bias_kind, scaling, seed)
+    if draws_rng(draws, WIDEST_STREAM).random() < WIDEST_SHARE:
+        num_experts, num_tokens = widest_expert_count(draws), min(num_tokens, WIDEST_MAX_TOKENS)
+        pinned = [(row, column % num_experts, value) for row, column, value in pinned if row < num_tokens]
     logits = build_scores(seed, num_tokens, num_experts, k, base, features, pinned)
     # The streams after the gate's own features (they use 1 .. len(FEATURES)).
     plant_features(logits, seed, logit_features, LOGIT_FEATURES, 1 + len(FEATURES), k)

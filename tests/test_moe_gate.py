@@ -276,3 +276,9 @@ def test_adapter_names_the_release_that_lacks_the_op(monkeypatch):
     monkeypatch.setattr(adapter, "_gen", lambda: 1)
     with pytest.raises(Unsupported, match="lacks moe.topk_gate_scored"):
         adapter.topk_gate_scored(**GOOD)
+
+
+def test_widest_expert_count_launches_the_widest_kernel():
+    counts = {strat.widest_expert_count((i,)) for i in range(50)}
+    assert {tilelang_gate.config_for_experts(e).width for e in counts} == {tilelang_gate.WIDTHS[-1]}
+    assert any(e < tilelang_gate.WIDTHS[-1] for e in counts) and tilelang_gate.WIDTHS[-1] in counts

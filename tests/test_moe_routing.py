@@ -602,3 +602,21 @@ def test_expand_with_sf_case_keeps_its_sf_layout_through_a_case_file(tmp_path):
 
     with pytest.raises(VerificationError, match="TMA-aligned column-major output needs strides"):
         check_case(spec, Impl("row_major_sf", WithSfLayout(row_major_sf), device="cpu"), loaded, case_dir=None)
+
+
+def test_one_token_corner_keeps_the_first_token_for_each_configuration():
+    routing = sm.routing
+    positions = np.arange(12, dtype=np.int32).reshape(4, 3)
+    seen = set()
+    for i in range(300):
+        out, hidden, dtype = routing.one_token_corner((i,), positions, 12, 200, torch.bfloat16)
+        if out.shape[0] == 4:  # left as drawn
+            assert (out == positions).all() and (hidden, dtype) == (200, torch.bfloat16)
+            continue
+        assert out.shape == (1, 3) and int((out < 0).sum()) <= 1
+        assert set(out[0][out[0] >= 0].tolist()) <= set(positions[0].tolist())
+        seen.add((dtype, hidden % 16 == 0, bool((out < 0).any())))
+    assert len(seen) == len(sm.REDUCE_DTYPES) * 2 * 2  # every dtype, vector width and dropped slot
+    # an H that would take N rows past MAX_ROUTED_ELEMENTS is left as drawn
+    many_rows = sm.MAX_ROUTED_ELEMENTS
+    assert {routing.one_token_corner((i,), positions, many_rows, 1, torch.float32)[1] for i in range(100)} == {1}

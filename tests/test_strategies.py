@@ -415,3 +415,14 @@ def test_torch_transposes_of_empty_tensors_have_plain_strides(shape):
     # Comparisons look at raw bytes, and x.view(torch.uint8) needs a unit last stride.
     fn = torch_transpose.transpose if len(shape) == 2 else torch_transpose.batched_transpose
     assert fn(torch.empty(shape)).view(torch.uint8).shape == (*shape[:-2], shape[-1], shape[-2] * 4)
+
+
+def test_single_row_corner_gives_each_padded_width_a_count_short_of_it():
+    from kernels.moe.gate import config_for_experts
+    from strategies.moe.gate import EXPERTS_BY_WIDTH, single_row_corner
+
+    counts = [single_row_corner((i, "draws")) for i in range(400)]
+    taken = [e for e in counts if e is not None]
+    assert 0.55 < len(taken) / len(counts) < 0.78  # about SINGLE_ROW_SHARE
+    assert all(e < config_for_experts(e).width for e in taken)  # lanes past E
+    assert {config_for_experts(e).width for e in taken} == {config_for_experts(max(c)).width for c in EXPERTS_BY_WIDTH}

@@ -306,9 +306,42 @@ def topk_gate_cases(draw) -> Case:
     features = draw(st.dictionaries(st.sampled_from(tuple(FEATURES)), st.sampled_from(ROW_SPREADS), max_size=4))
     pinned = draw(_pinned_values(num_tokens, num_experts))
     seed = draw(seeds())
+    draws = (num_experts, k, num_tokens, base, sorted(features.items()), pinned, seed)
+    corner = single_row_corner(draws) if num_tokens else None  # (empty batches stay empty)
+    if corner is not None:
+        num_experts, k, num_tokens, pinned = corner, _topk_within(k, corner), 1, _on_one_row(pinned, corner)
     scores = build_scores(seed, num_tokens, num_experts, k, base, features, pinned)
-    plant_nan_after_inf(scores, (num_experts, k, num_tokens, base, sorted(features.items()), pinned, seed))
+    plant_nan_after_inf(scores, draws)
     return Case(params={"k": k}, inputs={"scores": torch_copy(scores)})
+
+
+# The share of topk_gate's cases moved to a single row of a padded width (`single_row_corner`).
+SINGLE_ROW_SHARE = 2 / 3
+SINGLE_ROW_STREAM = 25
+
+
+def single_row_corner(draws: tuple) -> int | None:
+    """In about SINGLE_ROW_SHARE of the cases (the case's draws deciding, `strategies.classes.draws_rng`, so
+    that the draws stay as they are), the expert count of a single-row case: a count short of one of the
+    padded widths (`EXPERTS_BY_WIDTH`, each width as often as the others), so that each width's kernel meets
+    one row and lanes past E; None otherwise.  The drawn counts seldom give T = 1, and the counts short of
+    the wider widths come one case in twelve."""
+    rng = draws_rng(draws, SINGLE_ROW_STREAM)
+    if rng.random() >= SINGLE_ROW_SHARE:
+        return None
+    counts = EXPERTS_BY_WIDTH[int(rng.integers(0, len(EXPERTS_BY_WIDTH)))]
+    padded = [e for e in counts if e < max(32, 1 << (e - 1).bit_length())]  # short of the width
+    return int(padded[int(rng.integers(0, len(padded)))])
+
+
+def _topk_within(k: int, num_experts: int) -> int:
+    """The largest of TOPK_VALUES up to k that fits E (k itself where it does)."""
+    return max(v for v in TOPK_VALUES if v <= min(k, num_experts))
+
+
+def _on_one_row(pinned: list[tuple[int, int, float]], num_experts: int) -> list[tuple[int, int, float]]:
+    """The pinned values of a case moved to one row of E columns (each column folded onto one of E)."""
+    return [(0, column % num_experts, value) for _, column, value in pinned]
 
 
 # The share of topk_gate's cases with a +inf and, at a higher index of the same row, a NaN (`plant_nan_after_inf`).

@@ -15,7 +15,7 @@ from hypothesis.strategies import SearchStrategy
 import references.moe
 from strategies import keyed_bits, rarely, seeds, tensor_from_bits, torch_copy
 from strategies.moe.gate import ROW_SPREADS, _chosen_rows, plant_features, token_counts
-from strategies.classes import tagging
+from strategies.classes import draws_rng, tagging
 from tkverify.case import Case
 
 # Every case starts from a routing: topk_idx (T, K) built like the gate's
@@ -611,6 +611,33 @@ def build_reduce_inputs(seed: int, positions: np.ndarray, num_rows: int, hidden:
     return out
 
 
+# The share of reduce_fused's cases cut to their first token (`one_token_corner`), and the H such a case
+# takes for a vectorised (a multiple of every dtype's 16-byte vector) or a scalar kernel (odd).
+ONE_TOKEN_SHARE = 7 / 10
+ONE_TOKEN_STREAM = 407
+ONE_TOKEN_HIDDEN = {True: 64, False: 7}
+
+
+def one_token_corner(draws: tuple, positions: np.ndarray, num_rows: int, hidden: int,
+                     dtype: torch.dtype) -> tuple[np.ndarray, int, torch.dtype]:
+    """(positions, H, x dtype) as drawn, or in about ONE_TOKEN_SHARE of the non-empty cases (the case's draws
+    deciding, `strategies.classes.draws_rng`, so that the draws stay as they are) the first token's row of
+    positions alone, with an x dtype and an H of the vectorised or the scalar kernel chosen in the same way:
+    a launch over a single token for each of the kernel's configurations, which the drawn token counts
+    seldom give, in half of them with a slot dropped.  The rows of x keep their number N (those no slot
+    names any more are rows the reduction never reads); H stays as drawn where N rows of the chosen H would
+    pass MAX_ROUTED_ELEMENTS."""
+    rng = draws_rng(draws, ONE_TOKEN_STREAM)
+    if positions.shape[0] == 0 or rng.random() >= ONE_TOKEN_SHARE:
+        return positions, hidden, dtype
+    dtype = REDUCE_DTYPES[int(rng.integers(0, len(REDUCE_DTYPES)))]
+    chosen = ONE_TOKEN_HIDDEN[bool(rng.random() < 0.5)]
+    one = positions[:1].copy()
+    if rng.random() < 0.5:  # one of its slots dropped (position -1): it adds nothing
+        one[0, int(rng.integers(0, one.shape[1]))] = -1
+    return one, chosen if num_rows * chosen <= MAX_ROUTED_ELEMENTS else hidden, dtype
+
+
 @st.composite
 def reduce_fused_cases(draw) -> Case:
     """Cases of ``reduce_fused(x (N, H), topk_weights (T, K), token_topk_to_pos [, x_sf])``."""
@@ -625,6 +652,9 @@ def reduce_fused_cases(draw) -> Case:
     # than e4m3 have infinities.
     if "non_finite_in_use" not in features and np.random.default_rng([seed, 400]).random() < 0.25:
         features = {**features, "non_finite_in_use": "some"}
+    draws = (k, positions, num_rows, seed, hidden, dtype, x_base, w_base, sorted(w_features.items()),
+             sorted(features.items()))
+    positions, hidden, dtype = one_token_corner(draws, positions, num_rows, hidden, dtype)
     inputs = build_reduce_inputs(seed, positions, num_rows, hidden, dtype, x_base, w_base, w_features, features)
     return Case(params={}, inputs=inputs)
 
