@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 import strategies.quant as sq
 import references.quant as qref
 from references.quant import sf_grid, store_sf
-from strategies.classes import tagging
+from strategies.classes import draws_rng, tagging
 from tkverify import formats
 from tkverify.case import Case
 
@@ -128,21 +128,29 @@ def _lossless_codes(rng: np.random.Generator, shape: tuple[int, int], in_block, 
     return codes
 
 
+LOSSLESS_CONFIG_STREAM = 17  # `draws_rng`'s stream of per_block_cast_lossless_cases' block pair
+
+
 @st.composite
 def per_block_cast_lossless_cases(draw) -> Case:
-    # Seeds of their own decide the (input block, out block) pair, each a configuration of the TileLang
-    # kernel: spread over the ci profile's few examples more evenly than draws of their own.
-    pick = np.random.default_rng([*draw(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))), 17])
-    in_block = LOSSLESS_IN_BLOCKS[int(pick.integers(0, len(LOSSLESS_IN_BLOCKS)))]
-    out_block = LOSSLESS_OUT_BLOCKS[int(pick.integers(0, len(LOSSLESS_OUT_BLOCKS)))]
-    hidden = draw(st.sampled_from([h for h in LOSSLESS_HIDDEN if h % out_block[1] == 0]))
+    """quant.per_block_cast_lossless: the (input block, out block) pair, each a configuration of the TileLang
+    kernel, and H (a multiple of the out block's columns) as the case's draws decide (`draws_rng`): the ci
+    profile's few examples repeat draws of their own, which left pairs unlaunched."""
+    drawn_hidden = draw(st.sampled_from(LOSSLESS_HIDDEN))
     num_rows = draw(st.sampled_from(LOSSLESS_TOKENS))
     storage = draw(st.sampled_from(SF_STORAGES))
     use_ue8m0 = draw(st.booleans())
     options = {"use_ue8m0": use_ue8m0, "use_packed_ue8m0": use_ue8m0 and draw(st.booleans()),
                "use_tma_aligned_col_major_sf": draw(st.booleans())}
     edges = set(draw(st.lists(st.sampled_from(EDGES), max_size=4, unique=True))) if num_rows else set()
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    seed = draw(st.integers(0, 2**32 - 1))
+    pick = draws_rng((drawn_hidden, num_rows, storage, sorted(options.items()), sorted(edges), seed),
+                     LOSSLESS_CONFIG_STREAM)
+    in_block = LOSSLESS_IN_BLOCKS[int(pick.integers(0, len(LOSSLESS_IN_BLOCKS)))]
+    out_block = LOSSLESS_OUT_BLOCKS[int(pick.integers(0, len(LOSSLESS_OUT_BLOCKS)))]
+    hidden = drawn_hidden if drawn_hidden % out_block[1] == 0 else int(
+        pick.choice([h for h in LOSSLESS_HIDDEN if h % out_block[1] == 0]))
+    rng = np.random.default_rng(seed)
     exponents = _lossless_exponents(rng, (num_rows, hidden), in_block, out_block, edges, not use_ue8m0)
     sf = np.ldexp(1.0, exponents)
     if "nan_sf" in edges:

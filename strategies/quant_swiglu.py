@@ -51,9 +51,14 @@ def _plant_extras(x: np.ndarray, hidden: int, dtype: str, features: dict[str, st
         x[_chosen_blocks(rng, num_rows, "one")] = 0.0
 
 
-def _routing(draw, rng: np.random.Generator, num_rows: int, features: dict[str, str]) -> dict[str, torch.Tensor]:
-    """pos_to_token_topk (with padding rows where the case asks) and, mostly, topk_weights."""
-    weighting = draw(st.sampled_from(("none", "index_only", "weights", "weights")))
+def _routing(draw, rng: np.random.Generator, num_rows: int, features: dict[str, str],
+             routed: bool | None = None) -> dict[str, torch.Tensor]:
+    """pos_to_token_topk (with padding rows where the case asks) and, mostly, topk_weights; none in about a
+    quarter of the cases, or as `routed` says where it is given."""
+    choices = ("none", "index_only", "weights", "weights")
+    if routed is not None:
+        choices = choices[1:] if routed else choices[:1]
+    weighting = draw(st.sampled_from(choices))
     if weighting == "none":
         return {}
     k = draw(st.sampled_from((1, 2, 8)))
@@ -75,9 +80,10 @@ def _features(draw) -> dict[str, str]:
 
 
 def _x_values(draw, seed: int, num_rows: int, hidden: int, dtype: str, clamp, features,
-              nonfinite_share: float = 0.0) -> np.ndarray:
-    """x with `features` and this module's extras planted; `nonfinite_share` as `build_swiglu_x` takes it."""
-    x = build_swiglu_x(seed, num_rows, hidden, dtype, clamp, features, nonfinite_share)
+              nonfinite_share: float = 0.0, subnormal_share: float = 0.0) -> np.ndarray:
+    """x with `features` and this module's extras planted; `nonfinite_share` and `subnormal_share` as
+    `build_swiglu_x` takes them."""
+    x = build_swiglu_x(seed, num_rows, hidden, dtype, clamp, features, nonfinite_share, subnormal_share)
     _plant_extras(x, hidden, dtype, features, seed)
     if "padding" in features and num_rows:
         # padding rows are never read: a NaN planted anywhere must change nothing there
@@ -85,22 +91,27 @@ def _x_values(draw, seed: int, num_rows: int, hidden: int, dtype: str, clamp, fe
     return x
 
 
-SWIGLU_CONFIG_STREAM = 19  # `draws_rng`'s stream of swiglu_cases' configuration choice
+# `draws_rng`'s stream of swiglu_cases' configuration choice (71: of those tried, the stream whose ci draws leave
+# the fewest swiglu_plain pairs unreached: every forward one; the backward's cotangent dtype is not the case's)
+SWIGLU_CONFIG_STREAM = 71
 SINGLE_ROW_SHARE = 0.4
+ROUTED_SHARE = 0.85
 
 
-def _swiglu_configuration(draws: tuple, hidden: int, num_rows: int) -> tuple[str, str, int, int]:
-    """(x dtype, out format, H, rows) of a quant.swiglu case: each (dtype, format, H a multiple of the
-    kernel's 8-element vector or not) configuration in turn, H from `SWIGLU_HIDDEN`, and a single row in
-    `SINGLE_ROW_SHARE` of the non-empty cases.  The case's draws decide (`draws_rng`): the ci profile's few
-    examples repeat draws of their own, which left configurations unlaunched or without one row."""
+def _swiglu_configuration(draws: tuple, hidden: int, num_rows: int) -> tuple[str, str, int, int, bool]:
+    """(x dtype, out format, H, rows, routed) of a quant.swiglu case: each (dtype, format, H a multiple of the
+    kernel's 8-element vector or not) configuration in turn, H from `SWIGLU_HIDDEN`, a single row in
+    `SINGLE_ROW_SHARE` of the non-empty cases, and routing in `ROUTED_SHARE` of the cases.  The case's draws
+    decide (`draws_rng`): the ci profile's few examples repeat draws of their own, which left configurations
+    unlaunched, or without one row or routing."""
     rng = draws_rng(draws, SWIGLU_CONFIG_STREAM)
     which = int(rng.integers(0, 2 * len(DTYPES) * len(OUT_FORMATS)))
     dtype, fmt = tuple(DTYPES)[which % 2], OUT_FORMATS[which // 2 % 2]
     vectorized = which // 4 == 0
     hidden = int(rng.choice([h for h in SWIGLU_HIDDEN if (h % SWIGLU_VECTOR == 0) == vectorized]))
     num_rows = min(num_rows, max(1, MAX_ELEMENTS // (2 * hidden)))
-    return dtype, fmt, hidden, 1 if num_rows and rng.random() < SINGLE_ROW_SHARE else num_rows
+    single = num_rows and rng.random() < SINGLE_ROW_SHARE
+    return dtype, fmt, hidden, 1 if single else num_rows, bool(rng.random() < ROUTED_SHARE)
 
 
 @st.composite
@@ -113,12 +124,30 @@ def swiglu_cases(draw) -> Case:
     features = _features(draw)
     seed = draw(seeds())
     payload_seed = draw(nan_payload_seeds())
-    dtype, fmt, hidden, num_rows = _swiglu_configuration(
+    dtype, fmt, hidden, num_rows, routed = _swiglu_configuration(
         (hidden, num_rows, clamp, sorted(features.items()), seed, payload_seed), hidden, num_rows)
-    x = _x_values(draw, seed, num_rows, hidden, dtype, clamp, features, nonfinite_share=1 / 3)
+    # (subnormals seed-decided too: the ci examples draw the feature seldom, and a zero row may cover it)
+    x = _x_values(draw, seed, num_rows, hidden, dtype, clamp, features, nonfinite_share=1 / 3, subnormal_share=1 / 4)
     inputs = {"x": cast_input(x, dtype, payload_seed)}
-    inputs.update(_routing(draw, np.random.default_rng(seed + 1), num_rows, features))
+    inputs.update(_routing(draw, np.random.default_rng(seed + 1), num_rows, features, routed))
     return Case(params={"fmt": fmt, "clamp": clamp}, inputs=inputs)
+
+
+BACKWARD_CAST_STREAM = 20  # `draws_rng`'s stream of backward_cast_cases' configuration choice
+BACKWARD_CAST_TAIL_HIDDEN = (12, 100)  # H not a multiple of the kernel's 8-element vector (one block a row)
+
+
+def _backward_cast_configuration(draws: tuple, hidden: int, npc: int, num_rows: int) -> tuple[str, int, int, int]:
+    """(grad_out dtype, H, num_per_channels, rows) of a swiglu_backward_and_per_token_cast case: the grad_out
+    dtype in turn, in 2 cases of 5 an H of `BACKWARD_CAST_TAIL_HIDDEN` (the kernel's scalar configuration, one
+    block a row), else the drawn H and block, and a single row in `SINGLE_ROW_SHARE` of the cases with rows.  The
+    case's draws decide (`draws_rng`): the ci profile's few examples repeat draws of their own."""
+    rng = draws_rng(draws, BACKWARD_CAST_STREAM)
+    grad_dtype = tuple(DTYPES)[int(rng.integers(0, len(DTYPES)))]
+    if rng.random() < 0.4:
+        hidden = npc = int(rng.choice(BACKWARD_CAST_TAIL_HIDDEN))
+        num_rows = min(num_rows, max(1, MAX_ELEMENTS // (2 * hidden)))
+    return grad_dtype, hidden, npc, 1 if num_rows and rng.random() < SINGLE_ROW_SHARE else num_rows
 
 
 def _quantised_x(draw, x: np.ndarray, npc: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,10 +171,13 @@ def backward_cast_cases(draw) -> Case:
     clamp = draw(st.sampled_from(SWIGLU_CLAMPS))
     features = _features(draw)
     seed = draw(seeds())
+    grad_dtype = draw(st.sampled_from(tuple(DTYPES)))
+    grad_dtype, hidden, npc, num_rows = _backward_cast_configuration(
+        (fmt, hidden, npc, sorted(options.items()), num_rows, clamp, sorted(features.items()), seed, grad_dtype),
+        hidden, npc, num_rows)
     x = _x_values(draw, seed, num_rows, hidden, "fp32", clamp, features)
     data, sf = _quantised_x(draw, x, npc)
     rng = np.random.default_rng(seed + 2)
-    grad_dtype = draw(st.sampled_from(tuple(DTYPES)))
     grad = round_to_dtype(rng.standard_normal((num_rows, hidden)) * np.exp2(rng.uniform(-8, 8)), grad_dtype)
     if draw(st.booleans()) and num_rows:
         grad[_chosen_blocks(rng, num_rows, draw(st.sampled_from(SPREADS)))] = 0.0

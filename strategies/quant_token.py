@@ -1,6 +1,7 @@
-"""Choices a per-token cast case makes on top of its hypothesis draws (`strategies.classes.draws_rng`, so that
-the draws stay as they are): the TileLang kernel configuration it is moved to, and a rounding probe planted in
-one block of its input.  `strategies.quant.per_token_cast_cases` uses both."""
+"""Choices a cast case makes on top of its hypothesis draws (`strategies.classes.draws_rng`, so that the draws stay
+as they are): the TileLang kernel configuration it is moved to (per token: `token_configuration`; per block,
+per channel and the fused SwiGLU forward: `format_configuration`), and a rounding probe planted in one block
+of a per-token cast's input.  `strategies.quant` uses them."""
 
 from __future__ import annotations
 
@@ -28,6 +29,26 @@ def token_configuration(draws: tuple, fmt: str, hidden: int, npc: int, dtypes: t
         hidden = int(rng.choice(TOKEN_TAIL_HIDDEN[fmt]))
         npc = hidden
     return dtype, hidden, npc
+
+
+def format_configuration(draws: tuple, stream: int, formats: tuple[str, ...], dtypes: tuple[str, ...],
+                         single_row_share: float) -> tuple[str, str, bool, np.random.Generator]:
+    """(fmt, dtype, single row, the generator) of a cast case: the (format, dtype) pair, each a configuration of the
+    TileLang cast kernels, in turn, and a single row in `single_row_share` of the cases; the case's draws decide
+    (`draws_rng`, on `stream`), and the generator is left for the caller's further choices.  The ci profile's few
+    examples repeat draws of their own, which left pairs without a single row or a partial chunk."""
+    rng = draws_rng(draws, stream)
+    which = int(rng.integers(0, len(formats) * len(dtypes)))
+    return formats[which % len(formats)], dtypes[which // len(formats)], bool(rng.random() < single_row_share), rng
+
+
+def options_for_format(options: dict, fmt: str, new_fmt: str, other_clamp_mins: dict[str, tuple]) -> dict:
+    """sf options drawn for `fmt`, for a case moved to `new_fmt`: a non-default clamp_min becomes the one of the
+    same rank among `new_fmt`'s (`other_clamp_mins`); the rest stays."""
+    clamp_min = options["clamp_min"]
+    if clamp_min is None or fmt == new_fmt:
+        return options
+    return {**options, "clamp_min": other_clamp_mins[new_fmt][other_clamp_mins[fmt].index(clamp_min)]}
 
 
 PROBE_STREAM = 16  # `draws_rng`'s stream of `plant_rounding_probe`

@@ -13,6 +13,7 @@ from hypothesis.errors import NoSuchExample
 
 import references.quant as ref
 import strategies.quant as sq
+import strategies.quant_castback as sqc
 from tkverify import formats
 from tkverify.case import Case, load_case, save_case
 
@@ -246,7 +247,7 @@ CAST_BACK_FEATURES = {
 
 
 def test_cast_back_strategy_reaches_every_feature():
-    seen = features_reached(sq.cast_back_cases(), CAST_BACK_FEATURES, 400)
+    seen = features_reached(sqc.cast_back_cases(), CAST_BACK_FEATURES, 400)
     assert seen == set(CAST_BACK_FEATURES), set(CAST_BACK_FEATURES) - seen
 
 
@@ -321,7 +322,7 @@ def test_block_strategies_reach_the_block_cast_kernel_paths():
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(case=st.one_of(sq.per_token_cast_cases(), sq.per_block_cast_cases(), sq.per_channel_cast_cases(),
-                      sq.swiglu_cases(), sq.cast_back_cases(), sq.precomputed_sf_cases()))
+                      sq.swiglu_cases(), sqc.cast_back_cases(), sq.precomputed_sf_cases()))
 def test_cases_stay_within_the_declared_sets(case):
     p = case.params
     tensor = case.inputs.get("x", case.inputs.get("data"))
@@ -336,7 +337,7 @@ def test_cases_stay_within_the_declared_sets(case):
 
 
 @pytest.mark.parametrize("strategy", [sq.per_token_cast_cases, sq.precomputed_sf_cases, sq.per_block_cast_cases,
-                                      sq.per_channel_cast_cases, sq.cast_back_cases, sq.swiglu_cases])
+                                      sq.per_channel_cast_cases, sqc.cast_back_cases, sq.swiglu_cases])
 def test_cases_survive_a_case_file(strategy, tmp_path):
     """Every tensor kind a quant case holds (bf16, fp8, int8, uint8, int32, int64) and every
     parameter (lists, None, strings) comes back from disk unchanged."""

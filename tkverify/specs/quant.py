@@ -56,6 +56,7 @@ import torch
 import references.quant as ref
 import strategies.quant
 import strategies.quant_block
+import strategies.quant_castback
 from strategies.layouts import LAYOUTS
 from tkverify.registry import OpSpec, register, tilelang_impl, torch_impl
 from tkverify.specs.quant_bench import BENCH
@@ -214,7 +215,7 @@ register(OpSpec(
     name="quant.cast_back",
     bench=BENCH.get("quant.cast_back", ()),
     oracle=ref.cast_back,
-    strategy=strategies.quant.cast_back_cases,
+    strategy=strategies.quant_castback.cast_back_cases,
     outputs={"out": Decided("bitwise against q * sf (exact) rounded once to out_dtype; dtype checked")},
     impls=_impls("cast_back"),
     given=given_cast_back,
