@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import references.engram as ref
+import references.quant_swiglu as swiglu_ref
 from kernels.torch import engram as torch_engram
 from strategies import torch_copy
 from tkverify import cli, gradients, registry
@@ -209,6 +210,69 @@ def test_working_precision_step_is_exactly_central():
     for t in (x64 + delta, x64 - delta):
         assert torch.equal(t.to(torch.bfloat16).double(), t)  # both ends representable
     assert delta[-1] == 0  # the largest bf16 has no representable neighbour that far up
+
+
+# -- steps far larger than the inputs: the finite differences' own error ----------------------------
+
+
+def subnormal_swiglu_case():
+    """quant.swiglu, fp32, clamp 0.5, one row (l | r) where every kept output is ~1e-44 (each r, or both l and
+    r, subnormal) while fd_scale steps l and r by at least 2^-6: the u-steps are ~1e34 times the inputs, and
+    the output silu(l4) r4 (l4, r4 both subnormal) has a central difference of ~1e23 (the term
+    silu''(0) a^2 b / 2 of steps a, b) where its derivative is ~0.02."""
+    x = [math.inf, 0.43131816387176514, -1.0229883193969727, math.nan, 1.3592595103950726e-43,
+         7.006492321624085e-45, 0.7511647939682007,
+         -math.inf, 1.1911036946760945e-43, 1.3032075718220799e-43, 0.006109460256993771, 4.90454462513686e-44,
+         0.20830121636390686, 1.401298464324817e-43]
+    x32 = torch.tensor([x], dtype=torch.float32)
+    finite = torch.isfinite(x32)
+    assert torch.equal(x32[finite].double(), torch.tensor([x], dtype=torch.float64)[finite])  # exact fp32 values
+    return Case(params={"clamp": 0.5, "fmt": "fp32"}, inputs={"x": x32})
+
+
+def wrong_swiglu_backward(variant):
+    """quant.swiglu's float64 backward with a mistake: "dr_without_sigmoid" (dr = g w l'),
+    "dl_sign" (dl negated)."""
+
+    def bwd(grad_out, x, fmt="bf16", **kwargs):
+        grad = swiglu_ref.swiglu_bwd(grad_out, x, fmt, **kwargs).clone()
+        hidden = grad.shape[1] // 2
+        if variant == "dl_sign":
+            grad[:, :hidden] = -grad[:, :hidden]
+        else:
+            terms = swiglu_ref.SwigluTerms(torch.as_tensor(x).double().numpy(), clamp=kwargs.get("clamp"))
+            g = torch.as_tensor(grad_out).double().numpy()
+            dr = np.where(terms.r_passes & (g != 0), g * terms.l, 0.0)
+            grad[:, hidden:] = torch.from_numpy(dr)
+        return grad
+
+    base = registry.get("quant.swiglu")
+    return dataclasses.replace(base, backward=dataclasses.replace(base.backward, oracle=bwd))
+
+
+def test_gradcheck_allows_the_truncation_of_steps_far_larger_than_the_inputs():
+    """The hand backward is right here (torch.autograd agrees); gradcheck's numerical column of the output whose
+    l and r are both subnormal is pure truncation (it quadruples when the step doubles), which the
+    Richardson allowance measures."""
+    spec, case = registry.get("quant.swiglu"), subnormal_swiglu_case()
+    x = case.inputs["x"].double().requires_grad_(True)
+    y = swiglu_ref.swiglu_fwd_torch(x, **case.params)
+    cot = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(y.shape)))
+    kept = torch.isfinite(y)
+    (autograd,) = torch.autograd.grad(y[kept], x, cot[kept])
+    hand = swiglu_ref.swiglu_bwd(torch.where(kept, cot, 0.0), case.inputs["x"], **case.params)
+    stepped = gradients.fd_scales(spec, case)["x"] > 0  # an element of a finite (l, r) pair
+    assert torch.allclose(hand[stepped], autograd[stepped], rtol=1e-15, atol=0)
+    results = gradients.oracle_gradcheck(spec, case, seed=0)
+    assert [r.input for r in results] == ["x"]
+    assert all(r.passed for r in results), [r.message for r in results]
+
+
+@pytest.mark.parametrize("variant", ["dl_sign", "dr_without_sigmoid"])
+def test_gradcheck_still_catches_a_wrong_backward_at_steps_far_larger_than_the_inputs(variant):
+    results = gradients.oracle_gradcheck(wrong_swiglu_backward(variant), subnormal_swiglu_case(), seed=0)
+    assert failing_inputs(results, "gradcheck") == {"x"}
+    assert all("Jacobian mismatch" in r.message and "own error" in r.message for r in results)
 
 
 # -- running, recording, replaying -----------------------------------------------------

@@ -26,8 +26,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("strategies", ("strategies.*",)),
     ("registry", ("tkverify.registry", "tkverify")),
     ("specs", ("tkverify.specs.*", "tkverify.benchshapes")),
-    ("tools", ("tkverify.check", "tkverify.gradients", "tkverify.report.*", "tkverify.bench", "tkverify.ncu",
-               "tkverify.profiles", "tkverify.plugin", "tkverify.cli", "tkverify.suite", "tkverify.mutants.*",
+    ("tools", ("tkverify.check", "tkverify.gradients", "tkverify.finite_differences", "tkverify.report.*",
+               "tkverify.bench", "tkverify.ncu", "tkverify.profiles", "tkverify.plugin", "tkverify.cli", "tkverify.suite", "tkverify.mutants.*",
                "tkverify.adapters.*", "tkverify.diff", "tkverify.sweep.*", "tkverify.claims", "tkverify.poison",
                "tkverify.coverage", "tkverify.dry_run")),
 )

@@ -25,7 +25,11 @@ Three checks, each reported per (op, differentiable input, implementation):
     any error in J shows with probability 1, and a failure stays cheap
     (fast mode itself re-runs the full Jacobian in slow mode when it fails,
     which large inputs cannot afford).  Tolerances: ``GRADCHECK_ATOL`` and
-    ``GRADCHECK_RTOL``.  The check also compares one directional derivative,
+    ``GRADCHECK_RTOL``; a Jacobian mismatch stands only where it also exceeds
+    the finite differences' own error, measured per entry by Richardson
+    extrapolation (`tkverify.finite_differences.beyond_resolution`: steps far larger than the inputs,
+    as a step floor gives subnormal inputs, leave a truncation error no
+    tolerance on the derivative covers).  The check also compares one directional derivative,
     hand backward against a central difference with a Richardson bound (as
     ``consistency`` does in float64), which is the row's figure ("max error")
     and must hold too.
@@ -108,6 +112,9 @@ from torch.autograd.gradcheck import GradcheckError
 from tkverify import coverage, formats
 from tkverify.case import Case, save_case
 from tkverify.check import UnsupportedTally, VerificationError, excuse_known, replay_command, run_impl
+from tkverify.finite_differences import (FD_STEP, FLOAT64_EVAL, GRADCHECK_ATOL, GRADCHECK_EPS,
+                                         GRADCHECK_RTOL, SKETCH, beyond_resolution, central_difference_float64, f64,
+                                         inner, loss, sketch, sketched)
 from tkverify.poison import poisoned
 from tkverify.policies import Bracket, ErrorBound
 from tkverify.registry import Backward, Failure, Impl, OpSpec
@@ -115,19 +122,8 @@ from tkverify.registry import Backward, Failure, Impl, OpSpec
 ORACLE = "oracle"  # the pseudo-implementation under which the oracle's gradcheck is reported
 CHECKS = ("gradcheck", "vs_oracle", "consistency")
 
-GRADCHECK_EPS = 1e-7
-# Tighter than gradcheck's defaults (1e-5, 1e-3): on the re-parametrised, normalised problem a
-# float64 central difference with step 1e-7 has rounding noise ~1e-9 and, where the op's kink
-# margin keeps the step's relative effect on the kinked quantity below ~3e-4, truncation ~1e-8;
-# a missing term of a backward is often only 1e-4 of the whole.
-GRADCHECK_ATOL = 1e-7
-GRADCHECK_RTOL = 1e-5
-SKETCH = 8  # inputs and outputs beyond this many elements are checked through a random sketch
-FD_STEP = 1e-6  # float64 central differences: step h along normal * fd_scale (and 2h for Richardson)
 FD_MARGIN_PER_STEP = 50.0  # kink margin per unit of step: mask(case, max(fd_margin, 50 * 2h))
 WORKING_STEP = 2.0**-4  # working-precision consistency: relative size of the rounded step
-FLOAT64_EVAL = 2.0**-44  # relative evaluation error allowed to a float64 forward (512 float64 ULPs)
-FLOAT64_FLOOR = 1e-9  # relative floor of the float64 consistency bound
 INFORMATIVE = 0.5  # a direction whose relative bound exceeds this says little: judged, not in the figures
 
 
@@ -168,18 +164,12 @@ def _named(result: Any, names: list[str], who: str) -> dict[str, Any]:
     return dict(zip(names, result))
 
 
-def _f64(t: Any) -> torch.Tensor:
-    if isinstance(t, torch.Tensor):
-        return t.detach().to("cpu", torch.float64)
-    return torch.as_tensor(np.asarray(t, dtype=np.float64))
-
-
 def _is_float(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point()
 
 
 def _float64_inputs(case: Case) -> dict[str, torch.Tensor]:
-    return {n: (_f64(t) if _is_float(t) else t) for n, t in case.inputs.items()}
+    return {n: (f64(t) if _is_float(t) else t) for n, t in case.inputs.items()}
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
@@ -201,10 +191,10 @@ def fd_scales(spec: OpSpec, case: Case) -> dict[str, torch.Tensor]:
     """Per-element finite-difference step scale of each differentiable input (float64)."""
     bw = spec.backward
     if bw.fd_scale is not None:
-        return {n: _f64(s) for n, s in bw.fd_scale(case).items()}
+        return {n: f64(s) for n, s in bw.fd_scale(case).items()}
     out = {}
     for name in bw.inputs:
-        x = _f64(case.inputs[name])
+        x = f64(case.inputs[name])
         if x.dim() == 0 or x.numel() == 0:
             out[name] = x.abs() + (x.abs().max() if x.numel() else 0.0) * 2.0**-6
             continue
@@ -233,28 +223,11 @@ def _oracle_backward(spec: OpSpec, cots: dict[str, torch.Tensor], inputs: dict[s
                      params: dict[str, Any]) -> dict[str, torch.Tensor]:
     bw = spec.backward
     res = bw.oracle(**_grad_kwargs(bw, cots), **inputs, **params)
-    return {g: _f64(t) for g, t in _named(res, list(bw.grads), "the float64 backward").items()}
+    return {g: f64(t) for g, t in _named(res, list(bw.grads), "the float64 backward").items()}
 
 
 def _forward64(spec: OpSpec) -> Callable[..., Any]:
     return spec.backward.forward or spec.oracle
-
-
-def _loss(cots: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> tuple[float, float]:
-    """(sum over outputs of <c, f>, sum of |c| |f|), in float64."""
-    total, size = 0.0, 0.0
-    for o, c in cots.items():
-        c64, f64 = _f64(c), _f64(values[o])
-        prod = torch.where(c64 == 0, torch.zeros_like(f64), c64 * f64)  # a masked 0 times inf is no NaN
-        total += float(prod.sum())
-        size += float(prod.abs().sum())
-    return total, size
-
-
-def _inner(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    a64, b64 = _f64(a), _f64(b)
-    prod = torch.where(b64 == 0, torch.zeros_like(a64), a64 * b64)
-    return float(prod.sum()), float(prod.abs().sum())
 
 
 def _figure(err: float, bound: float, scale: float) -> tuple[float, float | None, int]:
@@ -277,19 +250,6 @@ def _fd_masks(spec: OpSpec, case: Case, inputs64: dict[str, Any], name: str, dir
 
 
 # -- check 1: the float64 backward against finite differences ------------------------
-
-
-def _sketch(rng: np.random.Generator, n: int, columns: bool) -> torch.Tensor | None:
-    """A random normal (n, SKETCH) matrix (columns=True: entries of size 1, so that every
-    element's step stays eps, well above its float64 rounding) or a (SKETCH, n) one with
-    unit rows (outputs: their rounding noise does not add up); None where n is small
-    enough to check every element."""
-    if n <= SKETCH:
-        return None
-    m = rng.standard_normal((n, SKETCH) if columns else (SKETCH, n))
-    if not columns:
-        m /= np.linalg.norm(m, axis=1, keepdims=True)
-    return torch.from_numpy(m)
 
 
 class _HandWritten(torch.autograd.Function):
@@ -318,7 +278,7 @@ class _Plan:
     def forward(self, tensors):
         outs = _named(_forward64(self.spec)(**self.inputs(tensors), **self.params), list(self.spec.outputs),
                       "the float64 forward")
-        return tuple(_f64(outs[o]).clone() for o in self.spec.backward.outputs)
+        return tuple(f64(outs[o]).clone() for o in self.spec.backward.outputs)
 
     def backward(self, tensors, cots):
         grads = _oracle_backward(self.spec, dict(zip(self.spec.backward.outputs, cots)), self.inputs(tensors),
@@ -335,7 +295,7 @@ def oracle_gradcheck(spec: OpSpec, case: Case, seed: int) -> list[GradientCheck]
     keep = {o: torch.from_numpy(~m.copy()) for o, m in _masks(bw, case, bw.fd_margin, shapes).items()}
     norm = {}
     for o in bw.outputs:
-        kept = _f64(outs[o])[keep[o]]
+        kept = f64(outs[o])[keep[o]]
         top = float(kept.abs().max()) if kept.numel() else 0.0
         norm[o] = top if top > 0 and math.isfinite(top) else 1.0
     scales = fd_scales(spec, case)
@@ -347,16 +307,19 @@ def oracle_gradcheck(spec: OpSpec, case: Case, seed: int) -> list[GradientCheck]
             continue  # nothing this input could be checked on
 
         rng = _rng(seed, 4, j)
-        sketch_in = _sketch(rng, x0.numel(), columns=True)
+        sketch_in = sketch(rng, x0.numel(), columns=True)
         kept = sum(int(keep[o].sum()) for o in bw.outputs)
-        sketch_out = _sketch(rng, kept, columns=False)
+        sketch_out = sketch(rng, kept, columns=False)
 
-        def f(u, name=name, x0=x0, s=s, sketch_in=sketch_in, sketch_out=sketch_out):
+        def outputs(u, name=name, x0=x0, s=s, sketch_in=sketch_in):
+            """The kept outputs at x0 + s * step(u), each divided by its output's `norm`."""
             step = (u if sketch_in is None else sketch_in @ u).reshape(x0.shape)
             tensors = [x0 + s * step if n == name else inputs64[n] for n in bw.inputs]
             res = _HandWritten.apply(plan, *tensors)
-            flat = torch.cat([(r[keep[o]] / norm[o]).reshape(-1) for r, o in zip(res, bw.outputs)])
-            return flat if sketch_out is None else sketch_out @ flat
+            return torch.cat([(r[keep[o]] / norm[o]).reshape(-1) for r, o in zip(res, bw.outputs)])
+
+        def f(u, outputs=outputs, sketch_out=sketch_out):
+            return sketched(outputs(u), sketch_out)
 
         u0 = torch.zeros(x0.numel() if sketch_in is None else SKETCH, dtype=torch.float64, requires_grad=True)
         message = ""
@@ -365,14 +328,17 @@ def oracle_gradcheck(spec: OpSpec, case: Case, seed: int) -> list[GradientCheck]
                                                    rtol=GRADCHECK_RTOL, raise_exception=True,
                                                    check_undefined_grad=False))
         except GradcheckError as e:
-            passed = False
-            message = f"gradcheck of the float64 backward w.r.t. {name!r} failed: {str(e).strip()[:2000]}"
+            beyond = beyond_resolution(outputs, sketch_out, u0) if "Jacobian mismatch" in str(e) else "raised"
+            passed = not beyond
+            if beyond:
+                message = (f"gradcheck of the float64 backward w.r.t. {name!r} failed: {str(e).strip()[:2000]}"
+                           + ("" if beyond == "raised" else f"\n{beyond}"))
         # The row's figure: one directional derivative, hand backward against a central difference.
         direction = torch.from_numpy(_rng(seed, 2, j).standard_normal(tuple(x0.shape))) * s
         masks = _fd_masks(spec, case, inputs64, name, direction, shapes)
         cots = cotangents(spec, shapes, {o: torch.float64 for o in bw.outputs}, seed, masks)
         grads = _oracle_backward(spec, cots, inputs64, case.params)
-        err, bound, scale = _central_difference_float64(
+        err, bound, scale = central_difference_float64(
             lambda xs: _named(_forward64(spec)(**xs, **case.params), list(spec.outputs), "the float64 forward"),
             inputs64, name, direction, cots, grads[bw.grad_of(name)])
         rel, rel_bound, count = _figure(err, bound, scale)
@@ -387,28 +353,6 @@ def oracle_gradcheck(spec: OpSpec, case: Case, seed: int) -> list[GradientCheck]
             f"eps {GRADCHECK_EPS:g} relative, atol {GRADCHECK_ATOL:g}, rtol {GRADCHECK_RTOL:g})", message,
         ))
     return results
-
-
-def _central_difference_float64(forward: Callable[[dict], dict], inputs: dict[str, Any], name: str,
-                                direction: torch.Tensor, cots: dict[str, torch.Tensor],
-                                grad: torch.Tensor) -> tuple[float, float, float]:
-    """(|ana - num(h)|, its bound, sum |grad_i Δ_i|) for Δ = FD_STEP * direction, all in float64."""
-
-    def num(h: float) -> tuple[float, float]:
-        plus = forward({**inputs, name: inputs[name] + h * direction})
-        minus = forward({**inputs, name: inputs[name] - h * direction})
-        lp, sp = _loss(cots, plus)
-        lm, sm = _loss(cots, minus)
-        return (lp - lm) / 2.0, FLOAT64_EVAL * (sp + sm) / 2.0
-
-    h = FD_STEP
-    n1, noise1 = num(h)
-    n2, _ = num(2 * h)
-    ana, scale = _inner(grad, h * direction)
-    # num(2h) is the difference over a step twice as long: halve it to compare per step h.
-    richardson = abs(n2 / 2.0 - n1)
-    bound = 2.0 * richardson + noise1 + FLOAT64_FLOOR * scale
-    return abs(ana - n1), bound, scale
 
 
 # -- check 2: implementations against the float64 backward ---------------------------
@@ -461,7 +405,7 @@ def _halfwidth(expected: Any, actual: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(np.where(np.isfinite(width), width, np.inf))
     if isinstance(actual, torch.Tensor) and actual.dtype in (torch.float32, torch.bfloat16, torch.float16):
         fmt = formats.of_dtype(actual.dtype)
-        return torch.from_numpy(fmt.ulp(_f64(expected).numpy()))
+        return torch.from_numpy(fmt.ulp(f64(expected).numpy()))
     return torch.zeros(tuple(actual.shape), dtype=torch.float64)
 
 
@@ -512,11 +456,11 @@ def _float64_capable(spec: OpSpec, impl: Impl, case: Case) -> dict[str, Any] | N
 
 def _representable_step(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Δ with x + Δ and x - Δ both exactly representable in x's dtype (0 where that fails)."""
-    x64 = _f64(x)
-    plus = _f64((x64 + target).to(x.dtype))
+    x64 = f64(x)
+    plus = f64((x64 + target).to(x.dtype))
     delta = plus - x64
     minus = x64 - delta
-    ok = torch.isfinite(delta) & torch.isfinite(plus) & (_f64(minus.to(x.dtype)) == minus)
+    ok = torch.isfinite(delta) & torch.isfinite(plus) & (f64(minus.to(x.dtype)) == minus)
     return torch.where(ok, delta, torch.zeros_like(delta))
 
 
@@ -525,7 +469,7 @@ def _forward_values(spec: OpSpec, case: Case, outs: dict[str, Any]) -> tuple[dic
     bw = spec.backward
     if bw.smooth is not None:
         smooth = bw.smooth(case, outs)
-        return {o: _f64(smooth[o][0]) for o in bw.outputs}, {o: _f64(smooth[o][1]) for o in bw.outputs}
+        return {o: f64(smooth[o][0]) for o in bw.outputs}, {o: f64(smooth[o][1]) for o in bw.outputs}
     values, noise = {}, {}
     expected = None
     if spec.given is not None:
@@ -533,7 +477,7 @@ def _forward_values(spec: OpSpec, case: Case, outs: dict[str, Any]) -> tuple[dic
 
         expected = run_oracle(spec, case, outs)
     for o in bw.outputs:
-        values[o] = _f64(outs[o])
+        values[o] = f64(outs[o])
         exp = expected[o] if expected is not None else None
         if isinstance(exp, Bracket):
             noise[o] = _halfwidth(exp, outs[o])
@@ -583,14 +527,14 @@ def _consistency_float64(spec, impl, case, seed, name, direction, fwd64, inputs6
     # The same cotangent values an implementation gets in working precision, widened to float64.
     cots = cotangents(spec, shapes, {o: bw.cotangent_dtype(case.inputs, seed) or torch.float64 for o in bw.outputs}, seed,
                      masks)
-    cots = {o: _f64(c) for o, c in cots.items()}
+    cots = {o: f64(c) for o, c in cots.items()}
     grads = _run_backward(spec, impl.name, cots, inputs64, fwd64, case.params, device)
 
     def forward(xs):
         return _impl_forward(spec, impl, xs, case.params)
 
-    err, bound, scale = _central_difference_float64(forward, inputs64, name, direction, cots,
-                                                    _f64(grads[bw.grad_of(name)]))
+    err, bound, scale = central_difference_float64(forward, inputs64, name, direction, cots,
+                                                    f64(grads[bw.grad_of(name)]))
     rel, rel_bound, count = _figure(err, bound, scale)
     passed = bool(err <= bound)
     return GradientCheck(
@@ -605,7 +549,7 @@ def _consistency_working(spec, impl, case, seed, name, direction, device) -> Gra
     bw = spec.backward
     x = case.inputs[name]
     delta = _representable_step(x, WORKING_STEP * direction)
-    x64 = _f64(x)
+    x64 = f64(x)
     plus_case = _case_with(case, name, (x64 + delta).to(x.dtype))
     minus_case = _case_with(case, name, (x64 - delta).to(x.dtype))
     fwd = run_impl(spec, impl, case)
@@ -620,22 +564,22 @@ def _consistency_working(spec, impl, case, seed, name, direction, device) -> Gra
 
     values_p, noise_p = _forward_values(spec, plus_case, run_impl(spec, impl, plus_case))
     values_m, noise_m = _forward_values(spec, minus_case, run_impl(spec, impl, minus_case))
-    lp, sp = _loss(cots, values_p)
-    lm, sm = _loss(cots, values_m)
+    lp, sp = loss(cots, values_p)
+    lm, sm = loss(cots, values_m)
     num = (lp - lm) / 2.0
-    ana, scale = _inner(grad, delta)
+    ana, scale = inner(grad, delta)
     # An element with a zero step or a zero cotangent adds nothing, also where its allowance or noise is
     # infinite (a token outside the gradient's domain): 0 * inf would make the bound NaN.
-    noise = sum(float(_zero_where_unused(_f64(cots[o]), noise_p[o] + noise_m[o]).sum()) for o in bw.outputs) / 2.0
+    noise = sum(float(_zero_where_unused(f64(cots[o]), noise_p[o] + noise_m[o]).sum()) for o in bw.outputs) / 2.0
 
     # The truncation error of this very step, measured on the float64 oracle.
     forward64 = _forward64(spec)
     oracle_p = _named(forward64(**_float64_inputs(plus_case), **case.params), list(spec.outputs), "oracle")
     oracle_m = _named(forward64(**_float64_inputs(minus_case), **case.params), list(spec.outputs), "oracle")
-    olp, _ = _loss(cots, oracle_p)
-    olm, _ = _loss(cots, oracle_m)
+    olp, _ = loss(cots, oracle_p)
+    olm, _ = loss(cots, oracle_m)
     exact = _oracle_backward(spec, cots, case.inputs, case.params)
-    oracle_ana, _ = _inner(exact[bw.grad_of(name)], delta)
+    oracle_ana, _ = inner(exact[bw.grad_of(name)], delta)
     truncation = abs((olp - olm) / 2.0 - oracle_ana)
 
     expected = bw.given(case, cots, exact) if bw.given is not None else exact
@@ -656,8 +600,8 @@ def _consistency_working(spec, impl, case, seed, name, direction, device) -> Gra
 
 def _zero_where_unused(weight: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
     """|weight| * width, 0 where weight is 0 (whatever width is there)."""
-    weight = _f64(weight)
-    return torch.where(weight == 0, torch.zeros((), dtype=torch.float64), weight.abs() * _f64(width))
+    weight = f64(weight)
+    return torch.where(weight == 0, torch.zeros((), dtype=torch.float64), weight.abs() * f64(width))
 
 
 # -- running, recording, replaying -----------------------------------------------------
