@@ -247,6 +247,16 @@ def test_routed_pilots_keep_every_position_inside_their_rows():
         assert pos.shape[0] == 16384 // 64 and int(pos.max()) < rows < whole // 4, (op, rows)
 
 
+def test_the_pilot_cuts_the_token_axis_behind_a_leading_one():
+    """An mHC residual is (a = 1, tokens, H): its pilot cuts the tokens, not the singleton, and every other
+    input along the same axis wherever it has it."""
+    from tkverify.sweep import production
+    inputs = {"x": torch.zeros(1, 256, 8), "mix": torch.zeros(2, 256, 4), "w": torch.zeros(8)}
+    cut = production.shrink(inputs, 1 / 64)
+    assert [tuple(v.shape) for v in cut.values()] == [(1, 4, 8), (2, 4, 4), (8,)]
+    assert production.shrink({"x": torch.zeros(1, 1)}, 1 / 64)["x"].shape == (1, 1)  # nothing longer than one
+
+
 def test_the_pilot_estimate_scales_by_output_elements(monkeypatch):
     """The host oracle's estimate is the pilot's seconds times the ratio of output elements, measured: a
     cut that leaves the outputs whole (ratio 1) is not multiplied by the fraction of tokens it cut."""

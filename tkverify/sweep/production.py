@@ -10,8 +10,8 @@ shape would take: the pilot's oracle seconds times the ratio of the whole shape'
 the pilot's (measured, not assumed: a cut that leaves the outputs whole costs what the whole shape
 does).  A shape estimated over `host_limit_s` is skipped and listed with the estimate.  The pilot is
 the shape's own `BenchShape.pilot` where it has one (a routing rebuilt for fewer tokens), else the
-inputs with their token axis cut (the first one's leading dimension, wherever another input has a
-dimension of that size); ``shape_scale`` cuts the same way, so that the CPU tests run the
+inputs with their token axis cut (the first one's first dimension longer than one, wherever another
+input has a dimension of that length); ``shape_scale`` cuts the same way, so that the CPU tests run the
 same code.
 """
 
@@ -69,13 +69,13 @@ class ShapeRun:
 
 
 def shrink(inputs: dict[str, Any], fraction: float) -> dict[str, Any]:
-    """The inputs with their token axis cut to `fraction` of it (at least one): the leading dimension of
-    the first tensor, and in every other tensor the first dimension of that size (a stack of layers'
-    (L, tokens, m) mixes is cut along its second)."""
+    """The inputs with their token axis cut to `fraction` of it (at least one): the first dimension of the
+    first tensor that is longer than one (an mHC residual's (a = 1, tokens, H) its second), and in every
+    other tensor the first dimension of that length (a stack of layers' (L, tokens, m) mixes, its second)."""
     tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim()]
-    if fraction >= 1 or not tensors:
+    lead = next((n for n in tensors[0].shape if n > 1), 1) if tensors else 1
+    if fraction >= 1 or lead == 1:
         return inputs
-    lead = tensors[0].shape[0]
     keep = max(1, int(lead * fraction))
 
     def cut(v: Any) -> Any:
