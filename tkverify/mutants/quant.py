@@ -139,6 +139,16 @@ def eager_sf_rounded_down(fn: Callable[..., Any]) -> Callable[..., Any]:
     return patched(fn, EAGER, _power_of_two_at_least=at_most)
 
 
+def _token_blocks(x: torch.Tensor, sf: torch.Tensor, fmt: str, num_per_channels: int,
+                  clamp_min: float | None) -> tuple[tuple[int, int], np.ndarray, np.ndarray, np.ndarray]:
+    """What the sf mutants start from: the block (1, num_per_channels), x in float64, the sf's logical values
+    (rows, cols) and a = max(block amax, clamp_min) per block, exact."""
+    block = (1, num_per_channels)
+    x64 = ref.as_float64(x)
+    values = ref.sf_logical_values(sf, ref.sf_grid(x.shape[0], x.shape[1], block)[1])
+    return block, x64, values, np.maximum(ref.block_amax(x64, block), ref.clamp_min_value(fmt, clamp_min))
+
+
 def model_sf_rounded_down(cast: Callable[..., Any]) -> Callable[..., Any]:
     """Any per-token cast with round_sf: its sf halved wherever a / max_q is not a power of two
     (a = max(amax, clamp_min), exact), written back into its own sf tensor (storage and layout
@@ -150,11 +160,7 @@ def model_sf_rounded_down(cast: Callable[..., Any]) -> Callable[..., Any]:
         data, sf = cast(x, fmt, num_per_channels, **options)
         if not options.get("round_sf", False) or x.shape[0] == 0:
             return data, sf
-        block = (1, num_per_channels)
-        cols = ref.sf_grid(x.shape[0], x.shape[1], block)[1]
-        x64 = ref.as_float64(x)
-        values = ref.sf_logical_values(sf, cols)
-        a = np.maximum(ref.block_amax(x64, block), ref.clamp_min_value(fmt, options.get("clamp_min")))
+        block, x64, values, a = _token_blocks(x, sf, fmt, num_per_channels, options.get("clamp_min"))
         with np.errstate(invalid="ignore", over="ignore"):
             down = np.where(np.isfinite(values) & (values * ref.MAX_Q[fmt] != a), values / 2, values)
         stored = ref.store_sf(down, use_ue8m0=options.get("use_ue8m0", False),
@@ -219,11 +225,7 @@ def model_sf_by_reciprocal(cast: Callable[..., Any]) -> Callable[..., Any]:
         data, sf = cast(x, fmt, num_per_channels, **options)
         if options.get("round_sf", False) or x.shape[0] == 0 or sf.dtype != torch.float32:
             return data, sf
-        block = (1, num_per_channels)
-        cols = ref.sf_grid(x.shape[0], x.shape[1], block)[1]
-        x64 = ref.as_float64(x)
-        values = ref.sf_logical_values(sf, cols)
-        a = np.maximum(ref.block_amax(x64, block), ref.clamp_min_value(fmt, options.get("clamp_min")))
+        block, x64, values, a = _token_blocks(x, sf, fmt, num_per_channels, options.get("clamp_min"))
         with np.errstate(invalid="ignore", over="ignore"):
             by_reciprocal = (a.astype(np.float32) * np.float32(1.0 / ref.MAX_Q[fmt])).astype(np.float64)
         changed = np.isfinite(values) & np.isfinite(by_reciprocal) & (by_reciprocal != values)
