@@ -257,6 +257,36 @@ def test_the_pilot_cuts_the_token_axis_behind_a_leading_one():
     assert production.shrink({"x": torch.zeros(1, 1)}, 1 / 64)["x"].shape == (1, 1)  # nothing longer than one
 
 
+@pytest.mark.parametrize("op", ["mhc.post", "mhc.multilayer_recompute"])
+def test_a_row_local_shape_judged_in_chunks_gives_the_whole_shapes_rows(op):
+    """Token chunks on two threads fold into the rows the whole shape gives: the same counts,
+    errors, histogram, share of the bound and verdict, the worst element named by its index in the whole
+    output (only ``cases``, the chunks, differs)."""
+    from tkverify.sweep import chunks, production
+    spec = registry.get(op)
+    (shape,) = spec.bench
+    assert shape.row_local
+    inputs, params = shape.make(torch.device("cpu"))
+    inputs = production.shrink(inputs, 24 / 16384)  # 24 tokens
+    impl = spec.impls["torch"]
+    outputs = production.name_outputs(spec, impl.function()(**inputs, **params), "torch")
+    run = production.ShapeRun(op, shape.name, "host numpy")
+    whole = production.HostOracle(spec, inputs, params).rows(run, "torch", outputs)
+    chunked = chunks.judge_in_chunks(spec, inputs, params, {"torch": outputs}, run.label, workers=2, chunk_tokens=5)
+    assert len(chunked) == len(whole)
+    for w in whole:
+        (c,) = [r for r in chunked if r.key == w.key]
+        assert c.cases == 5 and w.cases == 1
+        for field in ("count", "exact_count", "max_ulp", "hist", "verdict", "bound_used", "extra"):
+            assert getattr(c, field) == getattr(w, field), (w.output, field)
+        assert c.sum_ulp == pytest.approx(w.sum_ulp, rel=1e-12, abs=1e-300)
+        if w.max_ulp > 0:
+            assert c.worst["ulp"] == w.worst["ulp"]
+            index = tuple(c.worst["index"])
+            named = float(outputs[w.output.split(" @")[0]][index])  # the value at that index of the whole output
+            assert float(c.worst["actual"]) == pytest.approx(named, rel=1e-8)  # as the row prints it: 9 digits
+
+
 def test_the_pilot_estimate_scales_by_output_elements(monkeypatch):
     """The host oracle's estimate is the pilot's seconds times the ratio of output elements, measured: a
     cut that leaves the outputs whole (ratio 1) is not multiplied by the fraction of tokens it cut."""

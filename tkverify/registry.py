@@ -266,6 +266,10 @@ class BenchShape:
              rows).  `tkverify sweep --production` times its host oracle on it;
              without it the sweep cuts the leading dimension of the inputs
              that share the first one's, which suits shapes with one token axis.
+    row_local  every output row of a token depends on that token's input rows
+             only (a token's residual streams, its routed slots), so that
+             `tkverify sweep --production` may judge the shape in token chunks
+             on the host's cores (`tkverify.sweep.chunks`).
     """
 
     name: str
@@ -276,6 +280,7 @@ class BenchShape:
     written: Callable[[dict[str, Any], dict[str, Any]], int] | None = None
     unread: tuple[str, ...] = ()
     pilot: Callable[[torch.device, float], tuple[dict[str, Any], dict[str, Any]]] | None = None
+    row_local: bool = False
 
 
 @dataclasses.dataclass

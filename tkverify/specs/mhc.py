@@ -658,7 +658,7 @@ def _register_sum(op: str, doc: str, given: Any, make: Any, backward: Backward) 
         doc=doc,
         bench=(BenchShape(f"{_SHAPE}, H {BENCH_HIDDEN} bf16", make,
                           lambda inputs, params: _nbytes(*inputs.values()) + _output_bytes(op, inputs),
-                          target=0.9),),
+                          target=0.9, row_local=True),),
         backward=backward,
     ))
 

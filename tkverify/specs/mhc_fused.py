@@ -300,5 +300,5 @@ register(OpSpec(
     doc="mHC: per layer, layer_input = pre_apply_mix(residual, pre_mix), then residual = post(layer_output, "
         "residual, post_mix, comb_mix), the next layer's residual.",
     bench=(BenchShape(f"{RECOMPUTE_LAYERS} layers, b {BENCH_TOKENS}, m {BENCH_M}, H {BENCH_HIDDEN} bf16",
-                      _recompute_inputs, _recompute_nbytes, target=0.9),),
+                      _recompute_inputs, _recompute_nbytes, target=0.9, row_local=True),),
 ))

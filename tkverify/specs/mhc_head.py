@@ -91,7 +91,8 @@ register(OpSpec(
         "accumulation, bf16 output.",
     bench=(BenchShape(_EXPAND_SHAPE, _expand_inputs,
                       lambda inputs, params: _nbytes(inputs["x"]) * (1 + params["m"]),
-                      written=lambda inputs, params: _nbytes(inputs["x"]) * params["m"], target=0.9),),
+                      written=lambda inputs, params: _nbytes(inputs["x"]) * params["m"], target=0.9,
+                      row_local=True),),
     backward=Backward(
         inputs=("x",),
         grads={"grad_x": summation("bf16")},

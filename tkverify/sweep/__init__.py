@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="--production: cut the leading (token) dimension of the bench shapes to this share")
     p.add_argument("--host-limit", type=float, default=60.0,
                    help="--production: skip a shape whose host oracle is estimated over this many seconds")
+    p.add_argument("--host-workers", type=int, default=min(8, os.cpu_count() or 1),
+                   help="--production: threads that judge a row-local shape in token chunks (default: the "
+                        "host's cores, at most 8: each holds a chunk's float64 oracle)")
     p.set_defaults(func=main)
     return p
 
@@ -96,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
         words = [w.strip() for w in (args.k or "").split(",") if w.strip()]
         specs = [s for s in registry.all_specs() if s.bench and (not words or any(w in s.name for w in words))]
         shapes = production_runs(specs, wanted, scale=args.shape_scale, host_limit_s=args.host_limit,
-                                 out_of_time=settings.out_of_time, log=log, done=write)
+                                 out_of_time=settings.out_of_time, log=log, done=write, workers=args.host_workers)
     doc, paths = write(shapes)
     failing = [r for r in doc["rows"] if r["verdict"] != "pass"]
     print(f"sweep: {paths['sweep_md']} (and sweep.json, report.md, report.json, report.html); "

@@ -8,7 +8,9 @@ which needs only the block maxima.  Every other op is judged on the host by its 
 given, policies), after a pilot on 1/`PILOT_FRACTION` of the tokens estimates the time the whole
 shape would take: the pilot's oracle seconds times the ratio of the whole shape's output elements to
 the pilot's (measured, not assumed: a cut that leaves the outputs whole costs what the whole shape
-does).  A shape estimated over `host_limit_s` is skipped and listed with the estimate.  The pilot is
+does; a row-local shape judged in chunks divides it by the host threads and multiplies it by the
+implementations, all judged at once).  A shape estimated over `host_limit_s` is skipped and listed with
+the estimate.  The pilot is
 the shape's own `BenchShape.pilot` where it has one (a routing rebuilt for fewer tokens), else the
 inputs with their token axis cut (the first one's first dimension longer than one, wherever another
 input has a dimension of that length); ``shape_scale`` cuts the same way, so that the CPU tests run the
@@ -31,6 +33,7 @@ from tkverify.policies import Comparison
 from tkverify.registry import Impl, OpSpec, Unsupported
 from tkverify.report.rows import ResultRow
 from tkverify.specs.quant_judge import Cast
+from tkverify.sweep.chunks import judge_in_chunks, token_count
 from tkverify.sweep.elements import DATA_POLICY, chosen_impls, oracle_device
 from tkverify.sweep.judge import Tally, data_allowance
 
@@ -224,20 +227,25 @@ def _pilot_estimate(spec: OpSpec, shape: Any, name: str, impl: Impl, inputs: dic
 
 
 def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float, host_limit_s: float,
-              log: Callable[[str], None]) -> ShapeRun:
-    """Every implementation of `impls` on one bench shape, judged."""
+              log: Callable[[str], None], workers: int = 1) -> ShapeRun:
+    """Every implementation of `impls` on one bench shape, judged: a row-local shape on the host in token
+    chunks on `workers` threads (`tkverify.sweep.chunks`), once every implementation has run."""
     device = oracle_device()
     inputs, params = shape.make(device)
     inputs = shrink(inputs, scale)
     on_device = spec.name in DEVICE_PATHS
-    run = ShapeRun(spec.name, shape.name, "device float64" if on_device else "host numpy")
+    chunked = not on_device and shape.row_local and workers > 1
+    run = ShapeRun(spec.name, shape.name, "device float64" if on_device else
+                   f"host numpy, {workers} threads" if chunked else "host numpy")
     host = None if on_device else HostOracle(spec, inputs, params)
+    pending: dict[str, dict[str, Any]] = {}
     for name, impl in impls.items():
         try:
             outputs = name_outputs(spec, _call(run, name, impl, inputs, params), name)
             if not on_device and run.skipped is None and not run.rows:
                 try:
                     estimate = _pilot_estimate(spec, shape, name, impl, inputs, params, outputs)
+                    estimate *= len(impls) / workers if chunked else 1
                 except Unsupported:
                     raise
                 except Exception as e:  # noqa: BLE001 - a cut shape the op rejects: its time stays unknown
@@ -259,8 +267,15 @@ def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float,
             continue
         if on_device:
             _judge_on_device(run, name, spec, outputs, inputs, params)
+        elif chunked:
+            pending[name] = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
         else:
             run.rows += host.rows(run, name, outputs)
+    if pending:
+        start = time.perf_counter()
+        run.rows += judge_in_chunks(spec, inputs, params, pending, run.label, workers=workers,
+                                    chunk_tokens=max(1, token_count(inputs) // (4 * workers)))
+        run.oracle_s += time.perf_counter() - start
     log(f"production {spec.name} [{shape.name}]: {len(run.rows)} rows, oracle {run.oracle_s:.2f} s ({run.oracle})"
         + (f"; skipped: {run.skipped}" if run.skipped else ""))
     return run
@@ -268,7 +283,7 @@ def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float,
 
 def production_runs(specs: list[OpSpec], wanted: list[str] | None, *, scale: float, host_limit_s: float,
                     out_of_time: Callable[[], bool], log: Callable[[str], None],
-                    done: Callable[[list[ShapeRun]], None] = lambda runs: None) -> list[ShapeRun]:
+                    done: Callable[[list[ShapeRun]], None] = lambda runs: None, workers: int = 1) -> list[ShapeRun]:
     """Every forward bench shape of `specs`, each judged for every available implementation asked for;
     `done` gets the runs so far after each shape (the caller writes them, so a run cut short keeps them)."""
     runs: list[ShapeRun] = []
@@ -278,7 +293,7 @@ def production_runs(specs: list[OpSpec], wanted: list[str] | None, *, scale: flo
                 runs.append(ShapeRun(spec.name, shape.name, "-", skipped="the time budget is spent"))
                 continue
             impls, unavailable = chosen_impls(spec, wanted)
-            run = shape_run(spec, shape, impls, scale=scale, host_limit_s=host_limit_s, log=log)
+            run = shape_run(spec, shape, impls, scale=scale, host_limit_s=host_limit_s, log=log, workers=workers)
             run.unavailable = unavailable
             runs.append(run)
             done(runs)
