@@ -33,7 +33,7 @@ from tkverify.policies import Comparison
 from tkverify.registry import Impl, OpSpec, Unsupported
 from tkverify.report.rows import ResultRow
 from tkverify.specs.quant_judge import Cast
-from tkverify.sweep.chunks import judge_in_chunks, token_count
+from tkverify.sweep.chunks import judge_in_chunks, token_count, token_rows
 from tkverify.sweep.elements import DATA_POLICY, chosen_impls, oracle_device
 from tkverify.sweep.judge import Tally, data_allowance
 
@@ -74,19 +74,13 @@ class ShapeRun:
 def shrink(inputs: dict[str, Any], fraction: float) -> dict[str, Any]:
     """The inputs with their token axis cut to `fraction` of it (at least one): the first dimension of the
     first tensor that is longer than one (an mHC residual's (a = 1, tokens, H) its second), and in every
-    other tensor the first dimension of that length (a stack of layers' (L, tokens, m) mixes, its second)."""
-    tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim()]
-    lead = next((n for n in tensors[0].shape if n > 1), 1) if tensors else 1
-    if fraction >= 1 or lead == 1:
+    other tensor the first dimension of that length (a stack of layers' (L, tokens, m) mixes, its second),
+    as `tkverify.sweep.chunks` cuts a shape into chunks."""
+    tokens = token_count(inputs)
+    if fraction >= 1 or tokens == 1:
         return inputs
-    keep = max(1, int(lead * fraction))
-
-    def cut(v: Any) -> Any:
-        if not (isinstance(v, torch.Tensor) and lead in v.shape):
-            return v
-        return v.narrow(list(v.shape).index(lead), 0, keep).contiguous()
-
-    return {k: cut(v) for k, v in inputs.items()}
+    keep = max(1, int(tokens * fraction))
+    return {k: token_rows(v, tokens, 0, keep) for k, v in inputs.items()}
 
 
 def _call(run: ShapeRun, name: str, impl: Impl, inputs: dict[str, Any], params: dict[str, Any]) -> Any:
@@ -237,7 +231,7 @@ def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float,
     chunked = not on_device and shape.row_local and workers > 1
     run = ShapeRun(spec.name, shape.name, "device float64" if on_device else
                    f"host numpy, {workers} threads" if chunked else "host numpy")
-    host = None if on_device else HostOracle(spec, inputs, params)
+    host = None if on_device or chunked else HostOracle(spec, inputs, params)  # chunks copy their own slices
     pending: dict[str, dict[str, Any]] = {}
     for name, impl in impls.items():
         try:
