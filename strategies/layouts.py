@@ -18,6 +18,7 @@ with ``hypothesis.event("layout: <input>=<class>")``; `case_layouts` names the c
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping, Sequence
 
 import hypothesis
@@ -100,7 +101,7 @@ def _relaid(draw, strategy: SearchStrategy[Case], accepted: dict[str, tuple[str,
             inputs[name] = row_strided(t, draw(st.sampled_from(paddings(t))))
         elif layout == BATCH_SLICE:
             inputs[name] = batch_slice(t)
-    return Case(case.params, inputs)
+    return dataclasses.replace(case, inputs=inputs)
 
 
 def with_layouts(strategy: SearchStrategy[Case], accepted: Mapping[str, Sequence[str]]) -> SearchStrategy[Case]:

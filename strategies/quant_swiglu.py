@@ -91,46 +91,48 @@ def _x_values(draw, seed: int, num_rows: int, hidden: int, dtype: str, clamp, fe
     return x
 
 
-# `draws_rng`'s stream of swiglu_cases' configuration choice (71: of those tried, the stream whose ci draws leave
-# the fewest swiglu_plain pairs unreached: every forward one; the backward's cotangent dtype is not the case's)
-SWIGLU_CONFIG_STREAM = 71
+# `draws_rng`'s stream of swiglu_cases' configuration choice (of those tried, the one whose ci draws reach every
+# swiglu_plain configuration, forward and backward, with its single-row and routed classes: `tkverify coverage`)
+SWIGLU_CONFIG_STREAM = 1
 SINGLE_ROW_SHARE = 0.4
 ROUTED_SHARE = 0.85
+COTANGENT_DTYPES = ("bfloat16", "float32")  # the backward's grad_out, whatever the forward's x and fmt
 
 
-def _swiglu_configuration(draws: tuple, hidden: int, num_rows: int) -> tuple[str, str, int, int, bool]:
-    """(x dtype, out format, H, rows, routed) of a quant.swiglu case: each (dtype, format, H a multiple of the
-    kernel's 8-element vector or not) configuration in turn, H from `SWIGLU_HIDDEN`, a single row in
-    `SINGLE_ROW_SHARE` of the non-empty cases, and routing in `ROUTED_SHARE` of the cases.  The case's draws
-    decide (`draws_rng`): the ci profile's few examples repeat draws of their own, which left configurations
-    unlaunched, or without one row or routing."""
+def _swiglu_configuration(draws: tuple, hidden: int, num_rows: int) -> tuple[str, str, str, int, int, bool]:
+    """(x dtype, out format, cotangent dtype, H, rows, routed) of a quant.swiglu case: each (dtype, format,
+    cotangent dtype, H a multiple of the kernel's 8-element vector or not) configuration in turn, H from
+    `SWIGLU_HIDDEN`, a single row in `SINGLE_ROW_SHARE` of the non-empty cases, and routing in `ROUTED_SHARE` of
+    the cases.  The case's draws decide (`draws_rng`): the ci profile's few examples repeat draws of their own,
+    which left configurations unlaunched, or without one row or routing."""
     rng = draws_rng(draws, SWIGLU_CONFIG_STREAM)
-    which = int(rng.integers(0, 2 * len(DTYPES) * len(OUT_FORMATS)))
+    which = int(rng.integers(0, 2 * len(DTYPES) * len(OUT_FORMATS) * len(COTANGENT_DTYPES)))
     dtype, fmt = tuple(DTYPES)[which % 2], OUT_FORMATS[which // 2 % 2]
-    vectorized = which // 4 == 0
+    vectorized = which // 4 % 2 == 0
+    cotangent = COTANGENT_DTYPES[which // 8]
     hidden = int(rng.choice([h for h in SWIGLU_HIDDEN if (h % SWIGLU_VECTOR == 0) == vectorized]))
     num_rows = min(num_rows, max(1, MAX_ELEMENTS // (2 * hidden)))
     single = num_rows and rng.random() < SINGLE_ROW_SHARE
-    return dtype, fmt, hidden, 1 if single else num_rows, bool(rng.random() < ROUTED_SHARE)
+    return dtype, fmt, cotangent, hidden, 1 if single else num_rows, bool(rng.random() < ROUTED_SHARE)
 
 
 @st.composite
 def swiglu_cases(draw) -> Case:
-    """quant.swiglu: x (N, 2H) bf16 / fp32, fmt bf16 / fp32, clamp, routing; the dtypes, H and a single row
-    as `_swiglu_configuration` chooses them."""
+    """quant.swiglu: x (N, 2H) bf16 / fp32, fmt bf16 / fp32, clamp, routing, and the backward's cotangent
+    dtype; the dtypes, H and a single row as `_swiglu_configuration` chooses them."""
     hidden = draw(st.sampled_from(SWIGLU_HIDDEN))
     num_rows = draw(token_counts(2 * hidden))
     clamp = draw(st.sampled_from(SWIGLU_CLAMPS))
     features = _features(draw)
     seed = draw(seeds())
     payload_seed = draw(nan_payload_seeds())
-    dtype, fmt, hidden, num_rows, routed = _swiglu_configuration(
+    dtype, fmt, cotangent, hidden, num_rows, routed = _swiglu_configuration(
         (hidden, num_rows, clamp, sorted(features.items()), seed, payload_seed), hidden, num_rows)
     # (subnormals seed-decided too: the ci examples draw the feature seldom, and a zero row may cover it)
     x = _x_values(draw, seed, num_rows, hidden, dtype, clamp, features, nonfinite_share=1 / 3, subnormal_share=1 / 4)
     inputs = {"x": cast_input(x, dtype, payload_seed)}
     inputs.update(_routing(draw, np.random.default_rng(seed + 1), num_rows, features, routed))
-    return Case(params={"fmt": fmt, "clamp": clamp}, inputs=inputs)
+    return Case(params={"fmt": fmt, "clamp": clamp}, inputs=inputs, cotangent_dtype=cotangent)
 
 
 BACKWARD_CAST_STREAM = 20  # `draws_rng`'s stream of backward_cast_cases' configuration choice

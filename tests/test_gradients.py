@@ -18,7 +18,7 @@ import references.quant_swiglu as swiglu_ref
 from kernels.torch import engram as torch_engram
 from strategies import torch_copy
 from tkverify import cli, gradients, registry
-from tkverify.case import Case, load_case
+from tkverify.case import Case, load_case, save_case
 from tkverify.plugin import gradient_params
 from tkverify.registry import Backward, Impl
 from tkverify.report import Collector, merge_gradient_shards, meta, write_report
@@ -361,12 +361,30 @@ def test_a_tuple_of_cotangent_dtypes_is_cycled_through_by_the_examples():
     chosen = set()
     for i in range(12):
         case = Case(params={}, inputs={"x": torch.full((1, 4), float(i), dtype=torch.bfloat16)})
-        first = bw.cotangent_dtype(case.inputs, seed=0)
-        assert bw.cotangent_dtype(case.inputs, seed=0) == first  # deterministic per example
+        first = bw.cotangent_dtype(case, seed=0)
+        assert bw.cotangent_dtype(case, seed=0) == first  # deterministic per example
         chosen.add(first)
     assert chosen == {torch.bfloat16, torch.float32}
     fixed = dataclasses.replace(bw, grad_dtype=torch.float32)
-    assert fixed.cotangent_dtype({}, seed=5) == torch.float32
+    assert fixed.cotangent_dtype(Case(params={}, inputs={}), seed=5) == torch.float32
+
+
+def test_a_case_chooses_its_cotangent_dtype_among_the_backwards():
+    bw = dataclasses.replace(registry.get("quant.swiglu").backward, grad_dtype=(torch.bfloat16, torch.float32))
+    x = {"x": torch.ones((1, 4), dtype=torch.bfloat16)}
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        assert all(bw.cotangent_dtype(Case({}, x, cotangent_dtype=name), seed) == dtype for seed in range(8))
+    with pytest.raises(ValueError, match="takes bfloat16, float32"):
+        bw.cotangent_dtype(Case({}, x, cotangent_dtype="float16"), seed=0)
+
+
+def test_the_quant_swiglu_cases_cycle_the_cotangent_dtype_and_the_case_file_keeps_it(tmp_path):
+    from hypothesis import find
+    strategy = registry.get("quant.swiglu").strategy()
+    for name in ("bfloat16", "float32"):
+        case = find(strategy, lambda c, name=name: c.cotangent_dtype == name)
+        loaded, _ = load_case(save_case(tmp_path / name, case, op="quant.swiglu", impl="torch"))
+        assert loaded.cotangent_dtype == name
 
 
 def test_an_optional_outputs_zero_cotangent_goes_to_the_backward_as_none():

@@ -106,10 +106,16 @@ class CaseFileError(ValueError):
 
 @dataclasses.dataclass
 class Case:
-    """Static parameters (JSON values) and input tensors (CPU torch tensors)."""
+    """Static parameters (JSON values) and input tensors (CPU torch tensors).
+
+    cotangent_dtype  the dtype name (``"bfloat16"``) of the cotangents a backward check hands the
+    implementations, where the op's backward takes several (`Backward.grad_dtype` a tuple) and the
+    strategy chooses; None: the backward chooses (`Backward.cotangent_dtype`).  Never passed to an
+    implementation's forward."""
 
     params: dict[str, Any]
     inputs: dict[str, torch.Tensor]
+    cotangent_dtype: str | None = None
 
     def describe(self) -> str:
         """Params and each tensor's shape and dtype, with its strides and storage offset where they are
@@ -142,7 +148,7 @@ class Case:
             reps = -(-size // t.shape[dim]) if t.shape[dim] else 0
             tiled = torch.cat([t] * max(reps, 1), dim=dim) if reps > 1 else t
             inputs[name] = tiled.narrow(dim, 0, size).contiguous()
-        return Case(dict(self.params), inputs)
+        return Case(dict(self.params), inputs, self.cotangent_dtype)
 
 
 def versions() -> dict[str, str]:
@@ -225,6 +231,7 @@ def save_case(path: str | Path, case: Case, *, op: str, impl: str, extra: dict |
         "impl": impl,
         "params": case.params,
         "tensors": tensors,
+        **({"cotangent_dtype": case.cotangent_dtype} if case.cotangent_dtype is not None else {}),
         "versions": versions(),
         **(extra or {}),
     }
@@ -261,6 +268,9 @@ def load_case(path: str | Path) -> tuple[Case, dict[str, Any]]:
     if gradient is not None and not (isinstance(gradient, dict) and type(gradient.get("seed")) is int):
         raise CaseFileError(f"{json_path}: the field 'gradient' must be an object with an integer 'seed', "
                             f"got {gradient!r}")
+    cotangent = meta.get("cotangent_dtype")
+    if cotangent is not None and not isinstance(cotangent, str):
+        raise CaseFileError(f"{json_path}: the field 'cotangent_dtype' must be a dtype name, got {cotangent!r}")
     try:
         with np.load(npz_path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
@@ -279,4 +289,4 @@ def load_case(path: str | Path) -> tuple[Case, dict[str, Any]]:
         if raw.numel() != n or raw.element_size() != torch.empty((), dtype=dtype).element_size():
             raise CaseFileError(f"{npz_path}: tensor {name!r} holds {raw.numel()} elements, the header says {shape}")
         inputs[name] = _with_layout(json_path, name, info, raw.view(dtype).reshape(shape).clone())
-    return Case(params=meta["params"], inputs=inputs), meta
+    return Case(params=meta["params"], inputs=inputs, cotangent_dtype=cotangent), meta

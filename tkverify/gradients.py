@@ -105,7 +105,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
@@ -243,7 +243,7 @@ def _fd_masks(spec: OpSpec, case: Case, inputs64: dict[str, Any], name: str, dir
     """Where a central difference along `direction` (steps up to 2 FD_STEP) zeroes the cotangent."""
     bw = spec.backward
     margin = max(bw.fd_margin, FD_MARGIN_PER_STEP * 2 * FD_STEP)
-    ends = [Case(params=case.params, inputs={**inputs64, name: inputs64[name] + t * FD_STEP * direction})
+    ends = [dataclasses.replace(case, inputs={**inputs64, name: inputs64[name] + t * FD_STEP * direction})
             for t in (-2, 2)]
     return _union(_masks(bw, case, None, shapes), _masks(bw, case, margin, shapes),
                   *[_masks(bw, c, margin, shapes) for c in ends])
@@ -367,7 +367,7 @@ def _backward_impl(spec: OpSpec, impl_name: str) -> Impl:
 
 
 def _cot_dtypes(bw: Backward, outs: dict[str, Any], case: Case, seed: int) -> dict[str, torch.dtype]:
-    return {o: bw.cotangent_dtype(case.inputs, seed) or outs[o].dtype for o in bw.outputs}
+    return {o: bw.cotangent_dtype(case, seed) or outs[o].dtype for o in bw.outputs}
 
 
 def _run_backward(spec: OpSpec, impl_name: str, cots: dict[str, torch.Tensor], inputs: dict[str, Any],
@@ -515,7 +515,7 @@ def consistency(spec: OpSpec, impl_name: str, case: Case, seed: int, precision: 
 
 
 def _case_with(case: Case, name: str, value: torch.Tensor) -> Case:
-    return Case(params=case.params, inputs={**case.inputs, name: value})
+    return dataclasses.replace(case, inputs={**case.inputs, name: value})
 
 
 def _consistency_float64(spec, impl, case, seed, name, direction, fwd64, inputs64, device) -> GradientCheck | None:
@@ -525,7 +525,7 @@ def _consistency_float64(spec, impl, case, seed, name, direction, fwd64, inputs6
     if all(m.all() for m in masks.values()):
         return None
     # The same cotangent values an implementation gets in working precision, widened to float64.
-    cots = cotangents(spec, shapes, {o: bw.cotangent_dtype(case.inputs, seed) or torch.float64 for o in bw.outputs}, seed,
+    cots = cotangents(spec, shapes, {o: bw.cotangent_dtype(case, seed) or torch.float64 for o in bw.outputs}, seed,
                      masks)
     cots = {o: f64(c) for o, c in cots.items()}
     grads = _run_backward(spec, impl.name, cots, inputs64, fwd64, case.params, device)
@@ -727,6 +727,8 @@ def verify(spec: OpSpec, impl_name: str, *, case_dir: Path | None = None,
         tally.run(lambda: check_gradients(spec, impl_name, case, seed, case_dir=case_dir, record=record,
                                           precision=precision))
 
+    if spec.backward.examples_factor != 1:  # outside `run`: its source seeds the derandomised search
+        run = settings(max_examples=settings().max_examples * spec.backward.examples_factor)(run)
     run()
     tally.finish()
 

@@ -16,11 +16,14 @@ import os
 import pkgutil
 import sys
 import zlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from strategies.layouts import check_layouts
+
+if TYPE_CHECKING:
+    from tkverify.case import Case
 
 # Implementations every built-in op may have, in the order `--tk-impl all` runs them.
 BUILTIN_IMPLS = ("torch", "tilelang", "tile_kernels")
@@ -172,8 +175,9 @@ class Backward:
     saved    forward outputs passed on to the implementations' backward.
     grad_dtype  dtype of the cotangents handed to implementations (default: the
              dtype of the implementation's forward output); a tuple of dtypes: one
-             of them per example, chosen by the example's inputs and cotangent seed
-             (a backward that takes cotangents of several dtypes is checked with each).
+             of them per example, the case's (`Case.cotangent_dtype`) or one chosen by
+             the example's inputs and cotangent seed (a backward that takes cotangents
+             of several dtypes is checked with each).
     optional_outputs  outputs whose cotangent an implementation may be given as None
              (the call without that gradient): the checks pass None where such an
              output's cotangent is zero everywhere (a `mask` that zeroes it whole).
@@ -199,6 +203,10 @@ class Backward:
              precision; without it the outputs themselves are used.
     bench    `BenchShape`s of the backward: ``make`` returns the keyword
              arguments of a backward call (cotangents, inputs, saved outputs).
+    examples_factor  the gradient checks run this many times the profile's
+             examples: a backward whose kernel has more configurations than the
+             profile's examples reach with their boundary classes (the plain
+             SwiGLU's 16: x, cotangent and output dtype, vector width).
     """
 
     inputs: tuple[str, ...]
@@ -217,16 +225,25 @@ class Backward:
     given: Callable[..., dict[str, Any]] | None = None
     smooth: Callable[..., dict[str, Any]] | None = None
     bench: tuple["BenchShape", ...] = ()  # timed like the forward's; make() returns the backward's kwargs
+    examples_factor: int = 1
 
-    def cotangent_dtype(self, inputs: dict[str, Any], seed: int) -> torch.dtype | None:
-        """`grad_dtype`, or where it is a tuple the one this example takes: chosen by a hash of the cotangent seed
-        and the inputs' bytes (the seed alone is 0 in most ci examples), so that the examples cycle through them."""
+    def cotangent_dtype(self, case: Case, seed: int) -> torch.dtype | None:
+        """`grad_dtype`, or where it is a tuple the one this example takes: the case's own choice
+        (`Case.cotangent_dtype`, which a strategy sets to cycle the kernel's configurations) where it names one,
+        else one chosen by a hash of the cotangent seed and the inputs' bytes (the seed alone is 0 in most ci
+        examples), so that the examples cycle through them."""
         if not isinstance(self.grad_dtype, tuple):
             return self.grad_dtype
+        if case.cotangent_dtype is not None:
+            chosen = getattr(torch, case.cotangent_dtype, None)
+            if chosen not in self.grad_dtype:
+                raise ValueError(f"the case asks for {case.cotangent_dtype!r} cotangents; this backward takes "
+                                 f"{', '.join(str(d).replace('torch.', '') for d in self.grad_dtype)}")
+            return chosen
         digest = zlib.crc32(str(seed).encode())
-        for name in sorted(inputs):
-            if isinstance(inputs[name], torch.Tensor):
-                digest = zlib.crc32(inputs[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes(),
+        for name in sorted(case.inputs):
+            if isinstance(case.inputs[name], torch.Tensor):
+                digest = zlib.crc32(case.inputs[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes(),
                                     digest)
         return self.grad_dtype[digest % len(self.grad_dtype)]
 

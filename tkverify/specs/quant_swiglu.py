@@ -315,6 +315,7 @@ register(OpSpec(
         fd_scale=fd_scale,
         given=given_backward,
         bench=BACKWARD_BENCH,
+        examples_factor=3,  # 16 kernel configurations (x, cotangent, out dtype, vector), each single-row and routed
     ),
 ))
 
