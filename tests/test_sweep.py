@@ -309,6 +309,26 @@ def test_the_pilot_estimate_scales_by_output_elements(monkeypatch):
         == pytest.approx(10 ** 6 / pilot_elements)
 
 
+@pytest.mark.parametrize("estimate, judged", [(10.0, 2), (1e9, 0)])
+def test_a_chunked_shape_is_estimated_once_and_judged_whole_or_not_at_all(monkeypatch, estimate, judged):
+    """A row-local shape judged in chunks gets one pilot estimate (the first implementation's): under the
+    limit every implementation is judged, over it none (no implementation's rows without the others')."""
+    from tkverify.sweep import production
+    calls = []
+
+    def pilot(*args, **kwargs):
+        calls.append(args[2])
+        return estimate
+
+    monkeypatch.setattr(production, "_pilot_estimate", pilot)
+    spec = registry.get("mhc.post")
+    impls = {"torch": spec.impls["torch"], "again": spec.impls["torch"]}
+    run = production.shape_run(spec, spec.bench[0], impls, scale=24 / 16384, host_limit_s=100.0, log=lambda m: None,
+                               workers=2)
+    assert calls == ["torch"]
+    assert len({r.impl for r in run.rows}) == judged and (run.skipped is None) == (judged == 2)
+
+
 def test_drawn_scale_factors_are_recorded_and_seeded():
     a = domains.scale_factors("e4m3", 8, seed=5)
     assert [s.value for s in a] == [s.value for s in domains.scale_factors("e4m3", 8, seed=5)]

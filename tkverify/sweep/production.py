@@ -233,10 +233,12 @@ def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float,
                    f"host numpy, {workers} threads" if chunked else "host numpy")
     host = None if on_device or chunked else HostOracle(spec, inputs, params)  # chunks copy their own slices
     pending: dict[str, dict[str, Any]] = {}
+    estimated = on_device  # the host oracle's time is estimated once, on the first implementation that runs
     for name, impl in impls.items():
         try:
             outputs = name_outputs(spec, _call(run, name, impl, inputs, params), name)
-            if not on_device and run.skipped is None and not run.rows:
+            if not estimated:
+                estimated = True
                 try:
                     estimate = _pilot_estimate(spec, shape, name, impl, inputs, params, outputs)
                     estimate *= len(impls) / workers if chunked else 1
