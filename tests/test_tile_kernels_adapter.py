@@ -351,3 +351,15 @@ def test_a_packed_sf_with_a_size_one_dim_and_odd_strides_converts(shape, strides
     along_rows.copy_(words.reshape(shape))
     assert torch.equal(tk.row_packed_to_bytes(along_rows, 4 * shape[0]),
                        tk.row_packed_to_bytes(words.reshape(shape).clone(), 4 * shape[0]))
+
+
+def test_an_sf_of_2_to_the_minus_127_is_refused_before_the_device_assert(fake_tile_kernels):
+    """Finding F22: 2.1.0's batched_transpose_weight_sf raises a device assert on an sf holding 2^-127, which
+    leaves the CUDA context unusable; the adapter refuses such an sf (Unsupported) and calls nothing."""
+    from tkverify.adapters import tile_kernels_quant_layout as layout
+    quant = fake_tile_kernels("2.1.0")
+    sf = torch.full((1, 4, 7), 2.0**-20)
+    sf[0, 3, 2] = 2.0**-127
+    with pytest.raises(registry.Unsupported, match="F22"):
+        layout.batched_transpose_weight_sf(sf)
+    assert quant.calls == []

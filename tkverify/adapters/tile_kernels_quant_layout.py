@@ -71,9 +71,18 @@ def per_block_cast_lossless(x, x_sf, fmt="e4m3", x_block_size=(1, 32), out_block
                         column_major=use_tma_aligned_col_major_sf)
 
 
+# 2^-127, the smallest sf the contract takes (an fp32 subnormal, UE8M0 byte 0): 2.1.0's kernel raises a device
+# assert on the sf that held it (finding F22, reports/tile-kernels/findings.md), which leaves the process's CUDA
+# context unusable, so every later call in it fails; the adapter refuses such an sf instead, listed as unsupported.
+SMALLEST_SF = 2.0**-127
+
+
 def weight_sf_batch(sfs, block_size=128, transpose_sf1s=None):
     """tile-kernels' (sf0, sf1) of each weight's sf in `sfs`, converted in one call (new outputs)."""
     _require("quant.batched_transpose_weight_sf")
+    if any(bool((sf == SMALLEST_SF).any()) for sf in sfs):
+        raise Unsupported(f"{_v()} batched_transpose_weight_sf: an sf of 2^-127 raises a device assert that "
+                          "leaves the CUDA context unusable (finding F22), so it is not called")
     flags = [False] * len(sfs) if transpose_sf1s is None else [bool(t) for t in transpose_sf1s]
     return _call(_tk("quant").batched_transpose_weight_sf, list(sfs), block_size, flags, [None] * len(sfs))
 
