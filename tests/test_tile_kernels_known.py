@@ -106,7 +106,7 @@ FINDING_CASES = [
      "InternalError: Check failed: (min_reg_num < (9223372036854775807L)) is false: no available layout found", "G20"),
     ("1.0.0/quant.swiglu_backward_and_per_token_cast-G21-one-row.json", "1.0.0", False, None,
      "InternalError: Check failed: (min_reg_num < (9223372036854775807L)) is false: no available layout found", "G21"),
-    # the seeded ci run of 2026-12-02 08:19 UTC (reports/h200/seeds.md)
+    # the seeded ci run of 2026-12-02 08:19 UTC (seed 1, every implementation, on the H200)
     ("2.1.0/mhc.multilayer_recompute-F20-hidden7.json", "2.1.0", False, None,
      "InternalError: Explicit async copy semantics require cp.async lowering, but no eligible global->shared store "
      "was rewritten.", "F20"),
