@@ -194,7 +194,7 @@ def _head_mix_m_not_compiling(op: str, case: Case) -> bool:
     return _mhc_m(case, "mixes", -1) not in (1, 2, 3, 4, 8)
 
 
-def _huge_picked_logit(op: str, case: Case) -> bool:
+def _huge_logit(op: str, case: Case) -> bool:
     """F23's domain: a logit of 2^120 or more, whose score's derivative (1 / (2 sqrt(x))) over the row's score
     sum puts the gradient below the fp32 normal range for cotangents up to 2^4."""
     return bool((case.inputs["logits"] >= 2.0**120).any())
@@ -272,7 +272,7 @@ FINDINGS = (
     Finding("F2", "a +-inf in a block: with round_sf 1/sf = -inf, so cast_back returns infinities for NaN",
             ("2.1.0",), ("quant.per_token_cast_and_cast_back",), _has_inf, outputs=frozenset({"out"})),
     Finding("F23", "topk_gate_scored backward: a gradient below the fp32 normal range flushed to zero", ("2.1.0",),
-            ("moe.topk_gate_scored",), _huge_picked_logit, outputs=frozenset({"logits"}), backward=True),
+            ("moe.topk_gate_scored",), _huge_logit, outputs=frozenset({"logits"}), backward=True),
     Finding("G14", "per_block_cast, a +-inf in a block: sf inf instead of NaN, and with round_sf data +-448 "
             "(F2 in the block cast)", ("1.0.0",), ("quant.per_block_cast",), _inf_in_x, outputs=frozenset({"sf", "data"})),
     Finding("F15", "an empty batch: zero-size grid launch (1.0.0's fused pre-block, G15)", ("1.0.0",),

@@ -39,6 +39,11 @@ def token_count(inputs: dict[str, Any]) -> int:
     return next((n for n in tensors[0].shape if n > 1), 1) if tensors else 1
 
 
+def on_host(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with every tensor copied to the host (detached); other values as they are."""
+    return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+
+
 def token_rows(value: Any, tokens: int, start: int, stop: int) -> Any:
     """`value` cut to tokens [start, stop) along its first dimension of length `tokens`; whole without one."""
     if not (isinstance(value, torch.Tensor) and tokens in value.shape):
@@ -71,7 +76,7 @@ def judge_in_chunks(spec: OpSpec, inputs: dict[str, Any], params: dict[str, Any]
     judged in chunks of `chunk_tokens` tokens on `workers` threads (1: in this one)."""
     tokens = token_count(inputs)
     bounds = [(s, min(s + chunk_tokens, tokens)) for s in range(0, tokens, max(1, chunk_tokens))]
-    host = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    host = on_host(inputs)
 
     def chunk(b: tuple[int, int]) -> list[ResultRow]:
         return _judge_chunk(spec, params, host, actual, tokens, label, *b)

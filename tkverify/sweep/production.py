@@ -33,7 +33,7 @@ from tkverify.policies import Comparison
 from tkverify.registry import Impl, OpSpec, Unsupported
 from tkverify.report.rows import ResultRow
 from tkverify.specs.quant_judge import Cast
-from tkverify.sweep.chunks import judge_in_chunks, token_count, token_rows
+from tkverify.sweep.chunks import judge_in_chunks, on_host, token_count, token_rows
 from tkverify.sweep.elements import DATA_POLICY, chosen_impls, oracle_device
 from tkverify.sweep.judge import Tally, data_allowance
 
@@ -264,7 +264,7 @@ def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float,
         if on_device:
             _judge_on_device(run, name, spec, outputs, inputs, params)
         elif chunked:
-            pending[name] = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
+            pending[name] = on_host(outputs)
         else:
             run.rows += host.rows(run, name, outputs)
     if pending:
