@@ -17,6 +17,9 @@ from tkverify.registry import Failure
 # The committed cases these tests read: copies of the findings' cases of each release (tests/data/README.md).
 CASES = Path(__file__).resolve().parent / "data" / "tile_kernels"
 EMPTY_GRID = "InternalError: Check failed: ... CUDALaunch Error: grid dimension must be positive, but got grid=(0,1,1)"
+NO_LAYOUT = "InternalError: Check failed: (has_best) is false: no available layout found"
+CP_ASYNC = ("InternalError: Explicit async copy semantics require cp.async lowering, but no eligible global->shared "
+            "store was rewritten.")
 
 # (case file, release, backward, failing outputs (None: the error below), error text, finding)
 FINDING_CASES = [
@@ -39,14 +42,14 @@ FINDING_CASES = [
     ("1.0.0/mhc.pre_apply_mix-G1-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F9"),
     ("1.0.0/mhc.pre_split_mixes-G1-empty-batch.json", "2.1.0", False, None, EMPTY_GRID, "F9"),
     ("2.1.0/mhc.pre_split_mixes-F12-m5-shrunk.json", "2.1.0", False, None,
-     "InternalError: Check failed: (has_best) is false: no available layout found", "F12"),
+     NO_LAYOUT, "F12"),
     ("1.0.0/mhc.sinkhorn-G2-repeat30-shared-memory-gradients.json", "1.0.0", True, None,
      "InternalError: Failed to set the allowed dynamic shared memory size to 552960", "G2"),
     ("1.0.0/moe.topk_gate-G3-nan-score.json", "1.0.0", False, {"indices"}, "", "G3"),
     ("1.0.0/quant.per_token_cast_with_sf_only-G5-nan-and-inf.json", "1.0.0", False, {"sf"}, "",
      "F1"),
     ("2.1.0/mhc.pre_split_mixes-F12-m5-one-token-run10.json", "2.1.0", False, None,
-     "InternalError: Check failed: (has_best) is false: no available layout found", "F12"),
+     NO_LAYOUT, "F12"),
     ("2.1.0/mhc.pre_split_mixes-F12-m5-one-token-run10.json", "2.1.0", False, None,
      "InternalError: ", "F12"),
     ("2.1.0/quant.per_block_cast-F13-nan.json", "2.1.0", False, {"sf"}, "", "F13"),
@@ -64,7 +67,7 @@ FINDING_CASES = [
     ("1.0.0/mhc.pre_split_mixes-F12-m4-one-token-divide-by-zero.json", "1.0.0", False, None,
      "InternalError: Check failed: fb->value != 0 (0 vs. 0) : Divide by zero", "F12"),
     ("2.1.0/mhc.pre_split_mixes-F12-m6-empty-batch-run16.json", "2.1.0", False, None,
-     "InternalError: Check failed: (has_best) is false: no available layout found", "F12"),
+     NO_LAYOUT, "F12"),
     ("1.0.0/mhc.pre_apply_mix-G11-m6-empty-batch.json", "1.0.0", False, None,
      "InternalError: Check failed: (!use_count_.count(v)) is false: variable i_mhc has been used before definition!",
      "G11"),
@@ -83,15 +86,14 @@ FINDING_CASES = [
      "RuntimeError: kernel mhc_post_bwd_cuda input dx shape[1] violates packed ABI constraint; expected: 2, got: 4",
      "F19"),
     ("2.1.0/mhc.multilayer_recompute-F20-hidden1.json", "2.1.0", False, None,
-     "InternalError: Explicit async copy semantics require cp.async lowering, but no eligible global->shared store "
-     "was rewritten.", "F20"),
+     CP_ASYNC, "F20"),
     ("2.1.0/mhc.reduce_partials_and_rmsnorm-F15-empty-batch-size35.json", "2.1.0", False, None,
-     "InternalError: Check failed: (has_best) is false: no available layout found", "F15"),
+     NO_LAYOUT, "F15"),
     ("2.1.0/quant.norm_forward_and_per_token_cast-F1-nan.json", "2.1.0", False, {"sf"}, "", "F1"),
     ("2.1.0/mhc.reduce_partials_and_rmsnorm-F21-width35-one-token.json", "2.1.0", False, None,
-     "InternalError: Check failed: (has_best) is false: no available layout found", "F21"),
+     NO_LAYOUT, "F21"),
     ("2.1.0/mhc.reduce_partials_and_rmsnorm-F21-width35-one-token-gradients.json", "2.1.0", True, None,
-     "InternalError: Check failed: (has_best) is false: no available layout found", "F21"),
+     NO_LAYOUT, "F21"),
     ("1.0.0/mhc.norm_fn-G15-empty-k.json", "1.0.0", False, None,
      "InternalError: Check failed: (wl.grid_dim(0) > 0 && wl.grid_dim(1) > 0 && wl.grid_dim(2) > 0) is false: "
      "CUDALaunch Error: grid dimension must be positive, but got grid=(24,0,1)", "F15"),
@@ -108,12 +110,11 @@ FINDING_CASES = [
      "InternalError: Check failed: (min_reg_num < (9223372036854775807L)) is false: no available layout found", "G21"),
     # the seeded ci run of 2026-12-02 08:19 UTC (seed 1, every implementation, on the H200)
     ("2.1.0/mhc.multilayer_recompute-F20-hidden7.json", "2.1.0", False, None,
-     "InternalError: Explicit async copy semantics require cp.async lowering, but no eligible global->shared store "
-     "was rewritten.", "F20"),
+     CP_ASYNC, "F20"),
     ("2.1.0/mhc.reduce_partials_and_rmsnorm-F21-width48-one-token.json", "2.1.0", False, None,
-     "InternalError: Check failed: (has_best) is false: no available layout found", "F21"),
+     NO_LAYOUT, "F21"),
     ("2.1.0/mhc.reduce_partials_and_rmsnorm-F21-width48-one-token-gradients.json", "2.1.0", True, None,
-     "InternalError: Check failed: (has_best) is false: no available layout found", "F21"),
+     NO_LAYOUT, "F21"),
     ("2.1.0/mhc.head_compute_mix-F18-backward-m5-gradients.json", "2.1.0", True, None,
      "InternalError: Layout Layout((1, 160) -> (1, 128), transform: (_i, _j) -> (0, (_j % 32 * 5 + _j // 32) % 128)) "
      "has errors: (\"The iterations do not traverse full iter space\", \"Index mapping does not form a bijective "
@@ -199,7 +200,7 @@ def test_a_case_outside_the_domain_is_not_excused():
     assert known.known("2.1.0", case, failure) is None
     # F12's compile error where post_mult is not 0 would be new (m = 5 with post_mult 2 passes, 1 to 3 tokens).
     case, _ = load_case(CASES / "2.1.0/mhc.pre_split_mixes-F12-m5.json")
-    error = "InternalError: Check failed: (has_best) is false: no available layout found"
+    error = NO_LAYOUT
     assert known.known("2.1.0", case, Failure("mhc.pre_split_mixes", False, None, error)) is None
     # G8: the same repeated index on distinct finite scores would be new.
     case, failure = _failure("1.0.0/moe.topk_gate-G8-tied-neg-inf.json", False, {"indices"}, "")
