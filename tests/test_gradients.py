@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -406,3 +407,47 @@ def test_an_optional_outputs_zero_cotangent_goes_to_the_backward_as_none():
     gradients._run_backward(not_optional, "fake", {"out": torch.ones(2, 4), "norm_input": torch.zeros(2, 4)},
                             {"x": x, "weight": torch.ones(4), "residual": x}, {}, {}, torch.device("cpu"))
     assert seen[-1] is not None  # only a declared optional output's gradient is left out
+
+
+FREE_GRADIENT_CASE = Path(__file__).parent / "regressions" / "mhc.head_compute_mix-free-gradient-nan.json"
+
+
+def _backward_with_nan_in(monkeypatch, grad_input: str) -> None:
+    """torch's backward, with every element of the gradient of `grad_input` replaced by NaN."""
+    spec = registry.get("mhc.head_compute_mix")
+    run_backward = gradients._run_backward
+
+    def nan_gradient(*args, **kwargs):
+        grads = run_backward(*args, **kwargs)
+        name = spec.backward.grad_of(grad_input)
+        grads[name] = torch.full_like(grads[name], math.nan)
+        return grads
+
+    monkeypatch.setattr(gradients, "_run_backward", nan_gradient)
+
+
+def _checks_of(grad_input: str) -> list[gradients.GradientCheck]:
+    spec = registry.get("mhc.head_compute_mix")
+    case, meta = load_case(FREE_GRADIENT_CASE)
+    seed = meta["gradient"]["seed"]
+    checks = gradients.impl_vs_oracle(spec, "torch", case, seed) + \
+        gradients.consistency(spec, "torch", case, seed, precision="working")
+    return [c for c in checks if c.input == grad_input]
+
+
+def test_a_nan_gradient_where_the_contract_leaves_it_free_passes_both_checks(monkeypatch):
+    """scale 0 and mixes near 1e38: grad_scale is an fp32 sum of terms near 1e37 that may overflow, so the contract
+    takes any value there (vs_oracle's range is unbounded) and the consistency check, whose bound is then infinite,
+    must not fail on the NaN a backward that overflows returns (tile-kernels 2.1.0 on the H200)."""
+    _backward_with_nan_in(monkeypatch, "scale")
+    checks = _checks_of("scale")
+    assert [c.check for c in checks] == ["vs_oracle", "consistency"]
+    assert all(c.passed for c in checks), [c.message for c in checks]
+
+
+def test_a_nan_gradient_where_the_contract_bounds_it_still_fails(monkeypatch):
+    """On the same case grad_base is bounded: a NaN there fails vs_oracle and the consistency check alike."""
+    _backward_with_nan_in(monkeypatch, "base")
+    checks = _checks_of("base")
+    assert [c.check for c in checks] == ["vs_oracle", "consistency"]
+    assert not any(c.passed for c in checks)
