@@ -185,13 +185,30 @@ def _reduce_width_not_scanned_good(op: str, case: Case) -> bool:
 
 
 def _hidden_not_vector(op: str, case: Case) -> bool:
-    """F20's widths: a hidden size not a multiple of 8 bf16 (one 16-byte copy); 1 and 7 fail with its error."""
-    return _mhc_m(case, "initial_residual", -1) % 8 != 0
+    """F20's widths: a hidden size not a multiple of 8 bf16 (one 16-byte copy), or 8 itself; 1, 7 and 8 fail with
+    its error."""
+    hidden = _mhc_m(case, "initial_residual", -1)
+    return hidden % 8 != 0 or hidden == 8
 
 
 def _head_mix_m_not_compiling(op: str, case: Case) -> bool:
     """F18's layout error: m = 5 and 6 (m = 1, 2, 3, 4 and 8 compile)."""
     return _mhc_m(case, "mixes", -1) not in (1, 2, 3, 4, 8)
+
+
+def _m_not_power_of_two(op: str, case: Case) -> bool:
+    """pre_big_fuse's m (residual (b, m, H)) not a power of two: its reduction over m needs one (the XOR-butterfly
+    error says so); m = 3 and 5 fail with tokens and without."""
+    m = _mhc_m(case, "residual", -2)
+    return m & (m - 1) != 0
+
+
+def _nan_post_logit(op: str, case: Case) -> bool:
+    """A NaN among pre_split_mixes' post logits u[m:2m] = mixes * scale[1] + base (a NaN input, or inf * 0)."""
+    m = case.params["m"]
+    mixes = case.inputs["mixes"].double()[..., m:2 * m]
+    u = mixes * case.inputs["scale"].double()[1] + case.inputs["base"].double()[m:2 * m]
+    return bool(torch.isnan(u).any())
 
 
 def _huge_logit(op: str, case: Case) -> bool:
@@ -229,7 +246,7 @@ FINDINGS = (
     Finding("F19", "post backward at m other than 4: a packed-ABI shape error", ("2.1.0",), ("mhc.post",),
             _post_m_not_4, error=r"mhc_post_bwd_cuda input \w+ shape\[\d\] violates packed ABI constraint",
             backward=True),
-    Finding("F20", "multilayer_recompute at a hidden size not a multiple of 8 (1, 7): a TileLang compile error",
+    Finding("F20", "multilayer_recompute at hidden 8 or a size not a multiple of 8 (1, 7): a TileLang compile error",
             ("2.1.0",), ("mhc.multilayer_recompute",), _hidden_not_vector,
             error=r"Explicit async copy semantics require cp.async lowering"),
     Finding("F16", "swiglu's clamp turns a NaN into the clamp's bound (a NaN-dropping min/max)", ("2.1.0",),
@@ -267,10 +284,20 @@ FINDINGS = (
     Finding("F15", "an empty batch: zero-size grid launch, or at m = 3 and 5 a compile error (pre_big_fuse)",
             ("2.1.0",), ("mhc.pre_big_fuse",), _empty,
             error=rf"{_EMPTY_GRID}|no available layout found|XOR-butterfly AllReduce requires logical_width"),
+    Finding("F15", "pre_big_fuse at m not a power of two (3, 5), with tokens too: a compile error", ("2.1.0",),
+            ("mhc.pre_big_fuse",), _m_not_power_of_two,
+            error=r"no available layout found|XOR-butterfly AllReduce requires logical_width"),
     Finding("F1", "a NaN in a block: the sf skips it (NaN-ignoring amax), so cast_back returns numbers for it",
             ("2.1.0",), ("quant.per_token_cast_and_cast_back",), _has_nan, outputs=frozenset({"out"})),
     Finding("F2", "a +-inf in a block: with round_sf 1/sf = -inf, so cast_back returns infinities for NaN",
             ("2.1.0",), ("quant.per_token_cast_and_cast_back",), _has_inf, outputs=frozenset({"out"})),
+    Finding("F13", "per_block_cast_with_sf_only, a NaN in a block: the sf skips it (G18 on 2.1.0)", ("2.1.0",),
+            ("quant.per_block_cast_with_sf_only",), _has_nan, outputs=frozenset({"sf"})),
+    Finding("F2", "per_block_cast, a +-inf in a block: sf inf instead of NaN (G14 on 2.1.0)", ("2.1.0",),
+            ("quant.per_block_cast",), _inf_in_x, outputs=frozenset({"sf", "data"})),
+    Finding("F24", "pre_split_mixes with post_mult = 0: post 0 where a NaN logit makes it NaN", ("2.1.0",),
+            ("mhc.pre_split_mixes",), lambda op, case: _without_post(op, case) and _nan_post_logit(op, case),
+            outputs=frozenset({"post"})),
     Finding("F23", "topk_gate_scored backward: a gradient below the fp32 normal range flushed to zero", ("2.1.0",),
             ("moe.topk_gate_scored",), _huge_logit, outputs=frozenset({"logits"}), backward=True),
     Finding("G14", "per_block_cast, a +-inf in a block: sf inf instead of NaN, and with round_sf data +-448 "
