@@ -5,7 +5,7 @@ set -uo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: scripts/gpu-run.sh [--steps LIST] [--impl IMPLS] [--workers N] [--seed N] [--examples N]
+Usage: scripts/gpu-run.sh [--steps LIST] [--impl IMPLS] [--workers N] [--seed N] [--seeds LIST] [--examples N]
                           [--tile-kernels 2.1.0|1.0.0] [-k EXPR] [--ops LIST] [--budget SECONDS]
                           [--commit HASH] [--out DIR]
 
@@ -28,6 +28,8 @@ Steps (--steps, a comma list, run in the order given):
               the report merged from the workers' shards if the step is cut
   report      the differential suite's report: tkverify report --impl IMPLS --profile ci, then the
               cases it saved replayed
+  seeds       the same report once per seed of --seeds, one after another (seed-N/, cases-seed-N/,
+              seed-N.log), until the budget runs out; the saved cases are not replayed
   fuzz        the differential suite under the fuzz profile, EXAMPLES a test, then the cases it saved
               replayed
   bench       tkverify bench over every op's benchmark shapes (OPS only, if given)
@@ -50,6 +52,7 @@ Options:
   --workers N         pytest-xdist workers of pytest, report and fuzz (default 8)
   --seed N            --hypothesis-seed of pytest, report and fuzz (under the ci profile it also draws
                       other examples than the derandomised default)
+  --seeds LIST        the seeds of the seeds step, a comma list (e.g. 4,5,6)
   --examples N        examples a test in the fuzz step (default 1000; with --tile-kernels, 100)
   --tile-kernels REL  judge that tile-kernels release: 2.1.0 (bundle main: tilelang 0.1.15) or 1.0.0
                       (bundle upstream-v1: tilelang 0.1.11, under which our kernels do not import, so
@@ -67,12 +70,14 @@ Options:
 
 In OUT/results.tar.gz: results/env.txt (GPU, driver, versions, commit, what is available),
 steps.txt (each step's exit status and seconds), <step>.log, and the folders the steps
-write: pytest/, report/, fuzz/ (report.md/.json/.html, shards/), cases-*/ (failing cases),
-production/, bench/, bench-ncu/, ncu/, mutants-tilelang/, mutants-torch/, and <cache>-cache.tar.xz.
+write: pytest/, report/, seed-N/, fuzz/ (report.md/.json/.html; the shards are dropped once merged),
+cases-*/ (failing cases), production/, bench/, bench-ncu/, ncu/, mutants-tilelang/, mutants-torch/.  The
+kernel cache comes back beside it as OUT/<cache>-cache.tar.xz.00, .01, ... (parts of 15 MiB, under the device's
+16 MiB a file; `cat` them together to unpack).
 EOF
 }
 
-STEPS="" IMPL="" WORKERS=8 SEED="" EXAMPLES="" RELEASE="" SELECT="" OPS="" BUDGET=540
+STEPS="" IMPL="" WORKERS=8 SEED="" SEEDS="" EXAMPLES="" RELEASE="" SELECT="" OPS="" BUDGET=540
 OUT_DIR="${OUT:-/tmp/out}"
 RESERVE=30  # seconds kept for packing the results
 T0=$SECONDS
@@ -87,6 +92,7 @@ parse_args() {
       --impl) IMPL="${2:?}"; shift ;;
       --workers) WORKERS="${2:?}"; shift ;;
       --seed) SEED="${2:?}"; shift ;;
+      --seeds) SEEDS="${2:?}"; shift ;;
       --examples) EXAMPLES="${2:?}"; shift ;;
       --tile-kernels) RELEASE="${2:?}"; shift ;;
       -k) SELECT="${2:?}"; shift ;;
@@ -112,7 +118,7 @@ parse_args() {
   local s
   for s in ${STEPS//,/ }; do
     case "$s" in
-      pytest | report | fuzz | bench | findings | production) ;;
+      pytest | report | seeds | fuzz | bench | findings | production) ;;
       precompile | ncu | mutants | sanitize)
         [ "$RELEASE" = 1.0.0 ] && die "step $s needs our kernels, which do not import under tile-kernels 1.0.0's tilelang" ;;
       *) die "unknown step '$s' (see --help)" ;;
@@ -209,6 +215,17 @@ run_report() {
   replay_saved report
 }
 
+# One ci report per seed of --seeds, one after another: seeds it has no time left for are listed as skipped.
+run_seeds() {
+  local seed
+  [ -n "$SEEDS" ] || die "the seeds step needs --seeds LIST"
+  for seed in ${SEEDS//,/ }; do
+    step "seed-$seed" 0 python3 -m tkverify.cli report --impl "$IMPL" --profile ci -n "$WORKERS" \
+      --out "$R/seed-$seed" ${SELECT:+-k "$SELECT"} -- -rs "--tk-cases=$R/cases-seed-$seed" --hypothesis-seed="$seed"
+    merge_shards "seed-$seed"
+  done
+}
+
 run_fuzz() {
   # shellcheck disable=SC2046
   step fuzz 0 env TKVERIFY_FUZZ_EXAMPLES="$EXAMPLES" python3 -m pytest --pyargs tkverify.suite -q \
@@ -287,11 +304,15 @@ run_findings() {
   return 0
 }
 
+# What comes back from the device must stay under 16 MiB a file: the merged reports' shards stay behind, and the
+# kernel cache travels in parts of its own.
 pack_results() {
   [ -d .tkverify/cases ] && cp -r .tkverify/cases "$R/cases-other"
-  [ -d ".cache/$CACHE" ] && tar -C .cache -cJf "$R/$CACHE-cache.tar.xz" "$CACHE"
+  find "$R" -mindepth 2 -maxdepth 2 -type d -name shards -exec rm -rf {} +
+  [ -d ".cache/$CACHE" ] && tar -C .cache -cf - "$CACHE" | xz -T0 -1 | split -b 15M -d - "$OUT_DIR/$CACHE-cache.tar.xz."
   echo "=== total: $((SECONDS - T0)) s of a $BUDGET s budget" | tee -a "$R/steps.txt"
   tar -C "$OUT_DIR" -czf "$OUT_DIR/results.tar.gz" results && rm -rf "$R"
+  find "$OUT_DIR" -maxdepth 1 -type f -size +16M -printf "=== %f is over the 16 MiB a returned file may have\n"
 }
 
 main() {
