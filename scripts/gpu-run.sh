@@ -5,7 +5,8 @@ set -uo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: scripts/gpu-run.sh [--steps LIST] [--impl IMPLS] [--workers N] [--seed N] [--seeds LIST] [--examples N]
+Usage: scripts/gpu-run.sh [--steps LIST] [--impl IMPLS] [--workers N] [--seed N] [--seeds LIST] [--seed-jobs K]
+                          [--examples N]
                           [--tile-kernels 2.1.0|1.0.0] [-k EXPR] [--ops LIST] [--budget SECONDS]
                           [--commit HASH] [--out DIR]
 
@@ -28,8 +29,8 @@ Steps (--steps, a comma list, run in the order given):
               the report merged from the workers' shards if the step is cut
   report      the differential suite's report: tkverify report --impl IMPLS --profile ci, then the
               cases it saved replayed
-  seeds       the same report once per seed of --seeds, one after another (seed-N/, cases-seed-N/,
-              seed-N.log), until the budget runs out; the saved cases are not replayed
+  seeds       the same report once per seed of --seeds (seed-N/, cases-seed-N/, seed-N.log), --seed-jobs
+              of them at a time, until the budget runs out; the saved cases are not replayed
   fuzz        the differential suite under the fuzz profile, EXAMPLES a test, then the cases it saved
               replayed
   bench       tkverify bench over every op's benchmark shapes (OPS only, if given)
@@ -53,6 +54,9 @@ Options:
   --seed N            --hypothesis-seed of pytest, report and fuzz (under the ci profile it also draws
                       other examples than the derandomised default)
   --seeds LIST        the seeds of the seeds step, a comma list (e.g. 4,5,6)
+  --seed-jobs K       seeded reports run at a time (default 1).  A run of tile-kernels spends its end in a few
+                      workers compiling one test's shapes one after another while the others idle, so two or
+                      three seeds at a time (with --workers 8 or so) overlap those tails
   --examples N        examples a test in the fuzz step (default 1000; with --tile-kernels, 100)
   --tile-kernels REL  judge that tile-kernels release: 2.1.0 (bundle main: tilelang 0.1.15) or 1.0.0
                       (bundle upstream-v1: tilelang 0.1.11, under which our kernels do not import, so
@@ -77,7 +81,7 @@ kernel cache comes back beside it as OUT/<cache>-cache.tar.xz.00, .01, ... (part
 EOF
 }
 
-STEPS="" IMPL="" WORKERS=8 SEED="" SEEDS="" EXAMPLES="" RELEASE="" SELECT="" OPS="" BUDGET=540
+STEPS="" IMPL="" WORKERS=8 SEED="" SEEDS="" SEED_JOBS=1 EXAMPLES="" RELEASE="" SELECT="" OPS="" BUDGET=540
 OUT_DIR="${OUT:-/tmp/out}"
 RESERVE=30  # seconds kept for packing the results
 T0=$SECONDS
@@ -93,6 +97,7 @@ parse_args() {
       --workers) WORKERS="${2:?}"; shift ;;
       --seed) SEED="${2:?}"; shift ;;
       --seeds) SEEDS="${2:?}"; shift ;;
+      --seed-jobs) SEED_JOBS="${2:?}"; shift ;;
       --examples) EXAMPLES="${2:?}"; shift ;;
       --tile-kernels) RELEASE="${2:?}"; shift ;;
       -k) SELECT="${2:?}"; shift ;;
@@ -215,15 +220,20 @@ run_report() {
   replay_saved report
 }
 
-# One ci report per seed of --seeds, one after another: seeds it has no time left for are listed as skipped.
+# One ci report per seed of --seeds, SEED_JOBS at a time: seeds it has no time left for are listed as skipped.
 run_seeds() {
   local seed
   [ -n "$SEEDS" ] || die "the seeds step needs --seeds LIST"
   for seed in ${SEEDS//,/ }; do
+    while (($(jobs -rp | wc -l) >= SEED_JOBS)); do wait -n; done
     step "seed-$seed" 0 python3 -m tkverify.cli report --impl "$IMPL" --profile ci -n "$WORKERS" \
-      --out "$R/seed-$seed" ${SELECT:+-k "$SELECT"} -- -rs "--tk-cases=$R/cases-seed-$seed" --hypothesis-seed="$seed"
-    merge_shards "seed-$seed"
+      --out "$R/seed-$seed" ${SELECT:+-k "$SELECT"} -- -rs "--tk-cases=$R/cases-seed-$seed" --hypothesis-seed="$seed" &
   done
+  wait
+  for seed in ${SEEDS//,/ }; do
+    [ -d "$R/seed-$seed" ] && merge_shards "seed-$seed"
+  done
+  return 0
 }
 
 run_fuzz() {
