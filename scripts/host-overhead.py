@@ -42,7 +42,7 @@ def small_inputs(shape) -> tuple[dict, dict]:
     if shape.pilot is not None:
         return shape.pilot(torch.device("cpu"), CUT)
     inputs, params = shape.make(torch.device("cpu"))
-    return shrink(inputs, CUT), params
+    return shrink(inputs, CUT, shape.token_axis), params
 
 
 def median_us(fn, kwargs: dict, calls: int) -> float:

@@ -257,7 +257,22 @@ def test_the_pilot_cuts_the_token_axis_behind_a_leading_one():
     assert production.shrink({"x": torch.zeros(1, 1)}, 1 / 64)["x"].shape == (1, 1)  # nothing longer than one
 
 
-@pytest.mark.parametrize("op", ["mhc.post", "mhc.multilayer_recompute"])
+@pytest.mark.parametrize("op", ["mhc.pre_big_fuse", "mhc.reduce_partials_and_rmsnorm"])
+def test_a_shape_whose_first_axis_is_not_the_tokens_is_cut_along_its_token_axis(op):
+    """The split-K partials (S, tokens, ...) come first: the cut keeps the 16 splits and cuts the tokens, in
+    every input that has them (the residual's first axis, the partials' second)."""
+    from tkverify.sweep import chunks, production
+    (shape,) = registry.get(op).bench
+    inputs, _ = shape.make(torch.device("cpu"))
+    assert chunks.token_count(inputs, shape.token_axis) == 16384
+    cut = production.shrink(inputs, 40 / 16384, shape.token_axis)
+    for name, value in inputs.items():
+        expected = tuple(40 if n == 16384 else n for n in value.shape)
+        assert tuple(cut[name].shape) == expected, name
+
+
+@pytest.mark.parametrize("op", ["mhc.post", "mhc.multilayer_recompute", "mhc.pre_big_fuse",
+                                "mhc.reduce_partials_and_rmsnorm"])
 def test_a_row_local_shape_judged_in_chunks_gives_the_whole_shapes_rows(op):
     """Token chunks on two threads fold into the rows the whole shape gives: the same counts,
     errors, histogram, share of the bound and verdict, the worst element named by its index in the whole
@@ -267,16 +282,17 @@ def test_a_row_local_shape_judged_in_chunks_gives_the_whole_shapes_rows(op):
     (shape,) = spec.bench
     assert shape.row_local
     inputs, params = shape.make(torch.device("cpu"))
-    inputs = production.shrink(inputs, 24 / 16384)  # 24 tokens
+    inputs = production.shrink(inputs, 40 / 16384, shape.token_axis)  # 40 tokens (no other axis is 40 long)
     impl = spec.impls["torch"]
     outputs = production.name_outputs(spec, impl.function()(**inputs, **params), "torch")
     run = production.ShapeRun(op, shape.name, "host numpy")
     whole = production.HostOracle(spec, inputs, params).rows(run, "torch", outputs)
-    chunked = chunks.judge_in_chunks(spec, inputs, params, {"torch": outputs}, run.label, workers=2, chunk_tokens=5)
+    chunked = chunks.judge_in_chunks(spec, inputs, params, {"torch": outputs}, run.label, workers=2, chunk_tokens=5,
+                                     token_axis=shape.token_axis)
     assert len(chunked) == len(whole)
     for w in whole:
         (c,) = [r for r in chunked if r.key == w.key]
-        assert c.cases == 5 and w.cases == 1
+        assert c.cases == 8 and w.cases == 1
         for field in ("count", "exact_count", "max_ulp", "hist", "verdict", "bound_used", "extra"):
             assert getattr(c, field) == getattr(w, field), (w.output, field)
         assert c.sum_ulp == pytest.approx(w.sum_ulp, rel=1e-12, abs=1e-300)

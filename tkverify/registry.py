@@ -287,6 +287,9 @@ class BenchShape:
              only (a token's residual streams, its routed slots), so that
              `tkverify sweep --production` may judge the shape in token chunks
              on the host's cores (`tkverify.sweep.chunks`).
+    token_axis  (input, dimension) whose length is the token count, where the
+             first input's first dimension longer than one is another axis (the
+             split-K partials' S of mhc.pre_big_fuse); None: that dimension.
     """
 
     name: str
@@ -298,6 +301,7 @@ class BenchShape:
     unread: tuple[str, ...] = ()
     pilot: Callable[[torch.device, float], tuple[dict[str, Any], dict[str, Any]]] | None = None
     row_local: bool = False
+    token_axis: tuple[str, int] | None = None
 
 
 @dataclasses.dataclass

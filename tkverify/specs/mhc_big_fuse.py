@@ -185,5 +185,5 @@ register(OpSpec(
         "comb_mix = sinkhorn of the comb logits, from pre_split_mixes; layer_input = pre_apply_mix(residual, pre).",
     # The TileLang implementation composes the four stages' kernels (no fused kernel): judged by time.
     bench=(BenchShape(f"S {BENCH_SPLITS}, b {BENCH_TOKENS}, m {BENCH_M}, H {BENCH_HIDDEN} bf16, repeat 10",
-                      _bench_inputs, _bench_nbytes, target=None),),
+                      _bench_inputs, _bench_nbytes, target=None, row_local=True, token_axis=("residual", 0)),),
 ))

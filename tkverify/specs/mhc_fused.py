@@ -272,7 +272,8 @@ register(OpSpec(
     impls=_impls("reduce_partials_and_rmsnorm"),
     given=given_reduce,
     doc="mHC: split-K partials summed, out = sum_g out_mul_g / sqrt(sqrsum_g / rms_group_size + rms_eps).",
-    bench=(BenchShape(_REDUCE_SHAPE, _reduce_inputs, _reduce_nbytes, target=0.9),),
+    bench=(BenchShape(_REDUCE_SHAPE, _reduce_inputs, _reduce_nbytes, target=0.9, row_local=True,
+                      token_axis=("out_mul_splitted", 1)),),
     backward=Backward(
         inputs=("out_mul_splitted", "sqrsum_splitted"),
         grads={"grad_out_mul_splitted": _SUM_BOUND, "grad_sqrsum_splitted": _SUM_BOUND},

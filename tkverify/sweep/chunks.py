@@ -33,8 +33,12 @@ from tkverify.check import judge, oracle_outputs, run_oracle
 from tkverify.registry import OpSpec
 from tkverify.report.rows import ResultRow, fold_into
 
-def token_count(inputs: dict[str, Any]) -> int:
-    """The length of the token axis: the first dimension longer than one of the first input tensor."""
+def token_count(inputs: dict[str, Any], axis: tuple[str, int] | None = None) -> int:
+    """The length of the token axis: dimension axis[1] of input axis[0] (`BenchShape.token_axis`), else the
+    first dimension longer than one of the first input tensor."""
+    if axis is not None:
+        name, dim = axis
+        return inputs[name].shape[dim]
     tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.dim()]
     return next((n for n in tensors[0].shape if n > 1), 1) if tensors else 1
 
@@ -71,10 +75,11 @@ def _judge_chunk(spec: OpSpec, params: dict[str, Any], inputs: dict[str, Any], a
 
 def judge_in_chunks(spec: OpSpec, inputs: dict[str, Any], params: dict[str, Any],
                     actual: dict[str, dict[str, Any]], label: Callable[[str], str], *, workers: int,
-                    chunk_tokens: int) -> list[ResultRow]:
+                    chunk_tokens: int, token_axis: tuple[str, int] | None = None) -> list[ResultRow]:
     """One row per (implementation, output) of `actual` (implementation -> its named outputs, on the host),
-    judged in chunks of `chunk_tokens` tokens on `workers` threads (1: in this one)."""
-    tokens = token_count(inputs)
+    judged in chunks of `chunk_tokens` tokens on `workers` threads (1: in this one); `token_axis` as
+    `token_count` takes it."""
+    tokens = token_count(inputs, token_axis)
     bounds = [(s, min(s + chunk_tokens, tokens)) for s in range(0, tokens, max(1, chunk_tokens))]
     host = on_host(inputs)
 

@@ -71,12 +71,12 @@ class ShapeRun:
                 "unavailable": self.unavailable, "rows": len(self.rows)}
 
 
-def shrink(inputs: dict[str, Any], fraction: float) -> dict[str, Any]:
-    """The inputs with their token axis cut to `fraction` of it (at least one): the first dimension of the
-    first tensor that is longer than one (an mHC residual's (a = 1, tokens, H) its second), and in every
-    other tensor the first dimension of that length (a stack of layers' (L, tokens, m) mixes, its second),
-    as `tkverify.sweep.chunks` cuts a shape into chunks."""
-    tokens = token_count(inputs)
+def shrink(inputs: dict[str, Any], fraction: float, axis: tuple[str, int] | None = None) -> dict[str, Any]:
+    """The inputs with their token axis cut to `fraction` of it (at least one): `axis` (the shape's
+    `token_axis`), else the first dimension of the first tensor that is longer than one (an mHC residual's
+    (a = 1, tokens, H) its second), and in every other tensor the first dimension of that length (a stack of
+    layers' (L, tokens, m) mixes, its second), as `tkverify.sweep.chunks` cuts a shape into chunks."""
+    tokens = token_count(inputs, axis)
     if fraction >= 1 or tokens == 1:
         return inputs
     keep = max(1, int(tokens * fraction))
@@ -213,7 +213,7 @@ def _pilot_estimate(spec: OpSpec, shape: Any, name: str, impl: Impl, inputs: dic
     if shape.pilot is not None:
         pilot_inputs, pilot_params = shape.pilot(oracle_device(), 1 / PILOT_FRACTION)
     else:
-        pilot_inputs, pilot_params = shrink(inputs, 1 / PILOT_FRACTION), params
+        pilot_inputs, pilot_params = shrink(inputs, 1 / PILOT_FRACTION, shape.token_axis), params
     probe = ShapeRun(spec.name, "pilot", "host numpy")
     pilot_outputs = name_outputs(spec, _call(probe, name, impl, pilot_inputs, pilot_params), name)
     HostOracle(spec, pilot_inputs, pilot_params).rows(probe, name, pilot_outputs)
@@ -226,7 +226,7 @@ def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float,
     chunks on `workers` threads (`tkverify.sweep.chunks`), once every implementation has run."""
     device = oracle_device()
     inputs, params = shape.make(device)
-    inputs = shrink(inputs, scale)
+    inputs = shrink(inputs, scale, shape.token_axis)
     on_device = spec.name in DEVICE_PATHS
     chunked = not on_device and shape.row_local and workers > 1
     run = ShapeRun(spec.name, shape.name, "device float64" if on_device else
@@ -270,7 +270,8 @@ def shape_run(spec: OpSpec, shape: Any, impls: dict[str, Impl], *, scale: float,
     if pending:
         start = time.perf_counter()
         run.rows += judge_in_chunks(spec, inputs, params, pending, run.label, workers=workers,
-                                    chunk_tokens=max(1, token_count(inputs) // (4 * workers)))
+                                    chunk_tokens=max(1, token_count(inputs, shape.token_axis) // (4 * workers)),
+                                    token_axis=shape.token_axis)
         run.oracle_s += time.perf_counter() - start
     log(f"production {spec.name} [{shape.name}]: {len(run.rows)} rows, oracle {run.oracle_s:.2f} s ({run.oracle})"
         + (f"; skipped: {run.skipped}" if run.skipped else ""))
