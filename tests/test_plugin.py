@@ -188,3 +188,21 @@ def test_a_worker_that_lost_its_cuda_context_exits_for_a_new_one():
     with pytest.warns(UserWarning, match="lost the CUDA context"):
         assert plugin.end_worker_if_cuda_context_lost(lone, "t::a", exit=exits.append, lost=lambda: True)
     assert exits == [3]
+
+
+@pytest.mark.parametrize("cuda, cores, expected", [(True, 16, ["-n", "15"]), (False, 16, []), (True, 1, ["-n", "1"])])
+def test_tkverify_report_runs_workers_by_default_where_a_gpu_is_present(monkeypatch, cuda, cores, expected):
+    """`tkverify report` without -n: the host's cores but one where CUDA is present, one process on a CPU
+    machine; -n given (0 included: one process) is taken as it is."""
+    import argparse
+
+    from tkverify import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    args = argparse.Namespace(impl="auto", out="r", profile=None, load=[], workers=None, k=None, pytest_args=[])
+    command = cli.pytest_command(args)
+    assert [a for i, a in enumerate(command) if a == "-n" or command[i - 1] == "-n"] == expected
+    for given, flag in (("8", ["-n", "8"]), ("0", [])):
+        command = cli.pytest_command(argparse.Namespace(**{**vars(args), "workers": given}))
+        assert [a for i, a in enumerate(command) if a == "-n" or command[i - 1] == "-n"] == flag

@@ -31,6 +31,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_workers() -> int | None:
+    """`tkverify report`'s pytest-xdist workers when -n is not given: one a host core but one (the controller's)
+    where a CUDA device is present and pytest-xdist is installed, else None (one process).  On a GPU machine
+    the suite's time is host time (the float64 oracles, tile-kernels' JIT compiles), which the host's cores
+    share; on a CPU machine the implementations' own torch threads already use them."""
+    import importlib.util
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available() or importlib.util.find_spec("xdist") is None:
+        return None
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
 def pytest_command(args: argparse.Namespace) -> list[str]:
     # --opt=value in one word: pytest takes a bare existing path among its arguments for a test path.
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "tkverify.suite", "-p", "no:cacheprovider",
@@ -38,8 +53,9 @@ def pytest_command(args: argparse.Namespace) -> list[str]:
     if args.profile:
         cmd.append(f"--tk-profile={args.profile}")
     cmd += [f"--tk-load={m}" for m in args.load]
-    if args.workers:
-        cmd += ["-n", str(args.workers)]
+    workers = args.workers if args.workers is not None else default_workers()
+    if workers and str(workers) != "0":
+        cmd += ["-n", str(workers)]
     if args.k:
         cmd += ["-k", args.k]
     return cmd + ["-q", *args.pytest_args]
@@ -372,7 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--impl", default="auto", help="auto, all, torch, tilelang, tile_kernels or a comma list")
     r.add_argument("--profile", default=None, choices=profiles.PROFILES)
     r.add_argument("--out", default="tkverify-report", type=Path, help="output folder (default tkverify-report)")
-    r.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers (e.g. 8 or auto)")
+    r.add_argument("-n", dest="workers", default=None,
+                   help="pytest-xdist workers (e.g. 8 or auto; 0: one process); default: the host's cores but one "
+                        "where a CUDA device is present, else one process")
     r.add_argument("-k", default=None, help="pytest -k expression to select ops")
     r.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     r.set_defaults(func=cmd_report)
