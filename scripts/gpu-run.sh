@@ -6,7 +6,7 @@ set -uo pipefail
 usage() {
   cat <<'EOF'
 Usage: scripts/gpu-run.sh [--steps LIST] [--impl IMPLS] [--workers N] [--seed N] [--seeds LIST] [--seed-jobs K]
-                          [--examples N]
+                          [--examples N] [--host-limit SECONDS]
                           [--tile-kernels 2.1.0|1.0.0] [-k EXPR] [--ops LIST] [--budget SECONDS]
                           [--commit HASH] [--out DIR]
 
@@ -35,8 +35,8 @@ Steps (--steps, a comma list, run in the order given):
               replayed
   bench       tkverify bench over every op's benchmark shapes (OPS only, if given)
   production  every op's benchmark shapes judged against the float64 oracle (OPS only, if given):
-              tkverify sweep --parts none --production --host-limit 200 (a shape whose host oracle would
-              take longer is skipped and listed)
+              tkverify sweep --parts none --production --host-limit HOST_LIMIT --host-workers WORKERS (a
+              shape whose host oracle would take longer is skipped and listed)
   ncu         Nsight Compute over each benchmark shape of the tilelang kernels, one process a shape,
               then the bench again with what bounds each tilelang row in its notes (tkverify bench --ncu)
   mutants     tkverify mutants --impl tilelang, then --impl torch (on the GPU)
@@ -54,6 +54,8 @@ Options:
   --seed N            --hypothesis-seed of pytest, report and fuzz (under the ci profile it also draws
                       other examples than the derandomised default)
   --seeds LIST        the seeds of the seeds step, a comma list (e.g. 4,5,6)
+  --host-limit S      the production step's limit on a shape's estimated host-oracle time (default 200 s);
+                      its shapes are judged on WORKERS host threads
   --seed-jobs K       seeded reports run at a time (default 1).  A run of tile-kernels spends its end in a few
                       workers compiling one test's shapes one after another while the others idle, so two or
                       three seeds at a time (with --workers 8 or so) overlap those tails
@@ -81,7 +83,7 @@ kernel cache comes back beside it as OUT/<cache>-cache.tar.xz.00, .01, ... (part
 EOF
 }
 
-STEPS="" IMPL="" WORKERS=8 SEED="" SEEDS="" SEED_JOBS=1 EXAMPLES="" RELEASE="" SELECT="" OPS="" BUDGET=540
+STEPS="" IMPL="" WORKERS=8 SEED="" SEEDS="" SEED_JOBS=1 HOST_LIMIT=200 EXAMPLES="" RELEASE="" SELECT="" OPS="" BUDGET=540
 OUT_DIR="${OUT:-/tmp/out}"
 RESERVE=30  # seconds kept for packing the results
 T0=$SECONDS
@@ -98,6 +100,7 @@ parse_args() {
       --seed) SEED="${2:?}"; shift ;;
       --seeds) SEEDS="${2:?}"; shift ;;
       --seed-jobs) SEED_JOBS="${2:?}"; shift ;;
+      --host-limit) HOST_LIMIT="${2:?}"; shift ;;
       --examples) EXAMPLES="${2:?}"; shift ;;
       --tile-kernels) RELEASE="${2:?}"; shift ;;
       -k) SELECT="${2:?}"; shift ;;
@@ -253,7 +256,8 @@ run_bench() {
 }
 
 run_production() {
-  step production 0 python3 -m tkverify.cli sweep --parts none --production ${OPS:+-k "$OPS"} --host-limit 200 \
+  step production 0 python3 -m tkverify.cli sweep --parts none --production ${OPS:+-k "$OPS"} \
+    --host-limit "$HOST_LIMIT" --host-workers "$WORKERS" --budget $((BUDGET - (SECONDS - T0) - RESERVE - 20)) \
     --out "$R/production"
 }
 
