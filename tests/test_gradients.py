@@ -147,6 +147,16 @@ def test_correct_float64_backward_passes_gradcheck():
     assert all(r.count == 1 and r.error <= r.bound for r in results)
 
 
+@pytest.mark.parametrize("figures, passed", [((math.nan, 1.0, 1.0), False), ((math.nan, math.inf, 1.0), True),
+                                             ((2.0, 1.0, 1.0), False)])
+def test_the_oracles_directional_check_fails_a_nan_error_unless_its_bound_is_infinite(monkeypatch, figures, passed):
+    """The float64 backward's central-difference check reads a NaN error as a miss (not as "not above the
+    bound"), and an infinite bound as no claim, the rule of the implementations' consistency checks."""
+    monkeypatch.setattr(gradients, "central_difference_float64", lambda *args: figures)
+    results = gradients.oracle_gradcheck(registry.get("engram.gate"), crafted_case(), seed=3)
+    assert results and all(r.passed == passed for r in results), [r.message for r in results]
+
+
 @pytest.mark.parametrize("precision", ["float64", "working"])
 def test_correct_implementation_passes(precision):
     spec = registry.get("engram.gate")
