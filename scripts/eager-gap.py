@@ -49,17 +49,11 @@ def host_us(call, reps: int) -> float:
 
 def device_us(call, reps: int, flush) -> float:
     """Median event microseconds of `call()` queued behind a flush and a spin: its host work fully hidden."""
-    times = []
-    for _ in range(reps):
+    def flush_then_spin():
         flush()
         torch.cuda._sleep(SPIN_CYCLES)
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3)
-    return statistics.median(times)
+
+    return statistics.median(bench.rep_times_s(call, before=flush_then_spin, reps=reps)) * 1e6
 
 
 def kernels_launched(call) -> tuple[int, list[str]]:
